@@ -1,1 +1,23 @@
-__all__ = []
+"""duocal_runtime: per-head KV cache policies for Hugging Face causal LMs.
+
+Public API::
+
+    import duocal_runtime as dr
+    profile = dr.load_profile("path/or/name")
+    plan = dr.plan(profile, sparsity=0.5)
+"""
+
+from .errors import PlanError, ProfileError
+from .loading import load_profile
+from .model_shape import ModelShape, config_fingerprint, shape_of_config
+from .planning import Budget, Plan, plan, plan_from_streaming_set, uniform_plan
+from .policies import H2O, POLICIES, Full, SinkH2O, SinkWindow, make_policy
+from .profile import DeployDefaults, ModelInfo, Profile, profile_from_dict, save_profile
+from .upstream import export_upstream, import_upstream
+
+__all__ = [
+    "Budget", "DeployDefaults", "Full", "H2O", "ModelInfo", "ModelShape", "POLICIES", "Plan", "PlanError",
+    "Profile", "ProfileError", "SinkH2O", "SinkWindow", "config_fingerprint", "export_upstream",
+    "import_upstream", "load_profile", "make_policy", "plan", "plan_from_streaming_set", "profile_from_dict",
+    "save_profile", "shape_of_config", "uniform_plan",
+]

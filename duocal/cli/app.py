@@ -1,0 +1,14 @@
+"""Top-level typer app; sub-apps register themselves here."""
+
+import typer
+
+from .profiles import profiles_app
+
+app = typer.Typer(
+    name="duocal",
+    help="Per-head KV cache budgets for long-context LLMs (DuoAttention, StreamingLLM, H2O).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(profiles_app, name="profiles")

@@ -1,0 +1,77 @@
+"""`duocal profiles ...`: inspect, validate and convert profiles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+import duocal_runtime as dr
+
+from ..profile_report import profile_summary, render_summary
+from .errors import user_errors
+
+profiles_app = typer.Typer(help="Inspect, validate, convert and fetch profiles.", no_args_is_help=True)
+
+ProfileArg = Annotated[str, typer.Argument(help="Profile: a JSON file, a pattern directory, or a prebuilt name.")]
+ModelConfigOpt = Annotated[
+    Optional[Path], typer.Option("--model-config", help="A model's config.json (or its folder) to check against.")
+]
+
+
+@profiles_app.command("show")
+def show(
+    profile: ProfileArg,
+    sparsity: Annotated[Optional[float], typer.Option(help="Fraction of KV heads made non-retrieval.")] = None,
+    context: Annotated[int, typer.Option(help="Context length for the memory estimate.")] = 32768,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
+):
+    """Shape, score histogram, retrieval heads per layer and KV memory at CONTEXT vs full.
+
+    Example: duocal profiles show my-profile.json --sparsity 0.75 --context 131072
+    """
+    with user_errors():
+        summary = profile_summary(dr.load_profile(profile), sparsity=sparsity, context=context)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    else:
+        render_summary(summary)
+
+
+@profiles_app.command("validate")
+def validate(profile: ProfileArg, model_config: ModelConfigOpt = None):
+    """Exit 0 if PROFILE is valid (and fits --model-config), else print why and exit 1."""
+    with user_errors():
+        loaded = dr.load_profile(profile)
+        if model_config is not None:
+            from transformers import AutoConfig
+
+            loaded.check_compatible(AutoConfig.from_pretrained(model_config))
+    typer.echo(f"ok: {loaded.shape.describe()}, model {loaded.model.name_or_path or 'unnamed'}")
+
+
+@profiles_app.command("import-upstream")
+def import_upstream(
+    pattern_dir: Annotated[Path, typer.Argument(help="Folder with full_attention_heads.tsv and config.json.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Profile JSON to write.")],
+    model_config: ModelConfigOpt = None,
+    commit: Annotated[Optional[str], typer.Option(help="Upstream commit the pattern came from.")] = None,
+):
+    """Convert an upstream DuoAttention pattern directory into a duocal profile."""
+    with user_errors():
+        profile = dr.import_upstream(pattern_dir, model_config=model_config, commit=commit)
+        dr.save_profile(profile, output)
+    typer.echo(f"wrote {output} ({profile.shape.describe()})")
+
+
+@profiles_app.command("export-upstream")
+def export_upstream(
+    profile: ProfileArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Folder to write the pattern into.")],
+):
+    """Write PROFILE in upstream DuoAttention's layout (full_attention_heads.tsv + config.json)."""
+    with user_errors():
+        dr.export_upstream(dr.load_profile(profile), output)
+    typer.echo(f"wrote {output}")

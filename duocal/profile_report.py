@@ -1,0 +1,75 @@
+"""A profile summarised for people (`duocal profiles show`) and for tools (`--json`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+import duocal_runtime as dr
+
+HISTOGRAM_BINS = 10
+
+
+def score_histogram(scores: list[float], bins: int = HISTOGRAM_BINS) -> list[int]:
+    counts = [0] * bins
+    for s in scores:
+        counts[min(int(s * bins), bins - 1)] += 1
+    return counts
+
+
+def _streaming_policy(plan: dr.Plan) -> dict[str, Any] | None:
+    streaming = (p for row in plan.policies for p in row if not isinstance(p, dr.Full))
+    policy = next(streaming, None)
+    return policy.to_dict() if policy is not None else None
+
+
+def profile_summary(profile: dr.Profile, sparsity: float | None = None, context: int = 32768) -> dict[str, Any]:
+    """Everything `profiles show` prints; memory is for batch 1, bf16, at `context` tokens."""
+    plan = dr.plan(profile, sparsity=sparsity)
+    memory = plan.memory_report(context, batch=1, dtype="bfloat16")
+    return {
+        "model": profile.model.name_or_path,
+        "architecture": profile.model.architecture,
+        "num_layers": profile.shape.num_hidden_layers,
+        "num_kv_heads": profile.shape.num_key_value_heads,
+        "num_attention_heads": profile.shape.num_attention_heads,
+        "head_dim": profile.shape.head_dim,
+        "fingerprint": profile.shape.fingerprint,
+        "source": profile.source.get("kind"),
+        "sparsity": plan.sparsity,
+        "policy": _streaming_policy(plan),
+        "retrieval_heads_per_layer": plan.retrieval_heads_per_layer,
+        "score_histogram": score_histogram(profile.flat_scores()),
+        "context": context,
+        "kv_bytes_full": memory["kv_bytes_full"],
+        "kv_bytes_plan": memory["kv_bytes_plan"],
+        "fraction_of_full": memory["fraction_of_full"],
+    }
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(f"[bold]{s['model'] or 'unnamed model'}[/] ({s['architecture'] or '?'}), source: {s['source']}")
+    console.print(
+        f"{s['num_layers']} layers x {s['num_kv_heads']} KV heads ({s['num_attention_heads']} query heads, "
+        f"head_dim {s['head_dim']}), fingerprint {s['fingerprint']}"
+    )
+    hist = Table(title="score histogram", show_edge=False)
+    for i in range(HISTOGRAM_BINS):
+        hist.add_column(f"{i / HISTOGRAM_BINS:.1f}", justify="right")
+    hist.add_row(*map(str, s["score_histogram"]))
+    console.print(hist)
+    console.print(
+        f"sparsity {s['sparsity']:.3f} -> retrieval heads per layer: {' '.join(map(str, s['retrieval_heads_per_layer']))}"
+    )
+    console.print(f"non-retrieval policy: {s['policy']}")
+    console.print(
+        f"KV cache at {s['context']} tokens (batch 1, bf16): {_gib(s['kv_bytes_plan'])} vs {_gib(s['kv_bytes_full'])} "
+        f"full ({s['fraction_of_full']:.1%})"
+    )

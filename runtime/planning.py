@@ -1,0 +1,262 @@
+"""Plans: a policy for every (layer, KV head), made from a profile's scores.
+
+`plan(profile, sparsity=0.5)` follows upstream DuoAttention's rule (``sparsify_attention_heads``
+in duo_attn/utils.py: a global quantile over all heads; heads at or above it stay full) but is
+exact and deterministic: exactly ``round(sparsity * heads)`` heads become non-retrieval, taken
+in *streaming order*:
+
+    ascending score; among equal scores, the head with the larger flat index
+    (layer * num_kv_heads + head) first.
+
+So ties never depend on random noise (upstream adds U(0, 1e-6) noise; on its
+Mistral-7B-Instruct-v0.2 pattern 20 heads tie at the 50% threshold), and among tied heads the
+earlier layers keep their full cache. Without ties and where upstream's quantile count
+(``ceil(q * (n - 1))``) equals ``round(q * n)`` — e.g. q in {0.25, 0.5, 0.75} for 256 or 1024
+heads — the result is identical to upstream's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .errors import PlanError
+from .model_shape import ModelShape
+from .policies import Full, HeadPolicy, make_policy, policy_from_dict
+from .profile import Profile
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float8": 1, "fp8": 1}
+
+
+def dtype_bytes(dtype: Any) -> int:
+    """Bytes per element of a dtype given as a name ('bfloat16') or a torch.dtype."""
+    itemsize = getattr(dtype, "itemsize", None)
+    if isinstance(itemsize, int):
+        return itemsize
+    key = str(dtype).removeprefix("torch.")
+    if key not in DTYPE_BYTES:
+        raise PlanError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[key]
+
+
+def streaming_order(flat_scores: Sequence[float]) -> list[int]:
+    """Flat head indices in the order they become non-retrieval (see module docstring)."""
+    return sorted(range(len(flat_scores)), key=lambda i: (flat_scores[i], -i))
+
+
+def streaming_heads_for_sparsity(flat_scores: Sequence[float], sparsity: float) -> set[int]:
+    """Exactly round(sparsity * n) heads, lowest scores first (deterministic tie order)."""
+    if not 0.0 <= sparsity <= 1.0:
+        raise PlanError(f"sparsity must be in [0, 1], got {sparsity!r}")
+    count = round(sparsity * len(flat_scores))
+    return set(streaming_order(flat_scores)[:count])
+
+
+def streaming_heads_for_threshold(flat_scores: Sequence[float], threshold: float) -> set[int]:
+    """Heads with score below `threshold` (upstream: score >= threshold stays full)."""
+    return {i for i, s in enumerate(flat_scores) if s < threshold}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A policy for each (layer, KV head). `policies[layer][kv_head]`."""
+
+    shape: ModelShape
+    policies: tuple[tuple[HeadPolicy, ...], ...]
+    model_name: str | None = None
+
+    def __post_init__(self):
+        table = tuple(tuple(row) for row in self.policies)
+        want = (self.shape.num_hidden_layers, self.shape.num_key_value_heads)
+        got = (len(table), len(table[0]) if table else 0)
+        if got != want or any(len(row) != want[1] for row in table):
+            raise PlanError(f"plan table is {got[0]}x{got[1]}, model has {want[0]} layers x {want[1]} KV heads")
+        object.__setattr__(self, "policies", table)
+
+    # --- what it does -------------------------------------------------------------------
+    @property
+    def num_heads(self) -> int:
+        return self.shape.num_kv_heads_total
+
+    @property
+    def num_streaming(self) -> int:
+        return sum(not isinstance(p, Full) for row in self.policies for p in row)
+
+    @property
+    def sparsity(self) -> float:
+        """Fraction of KV heads that are not `full` (achieved, not requested)."""
+        return self.num_streaming / self.num_heads
+
+    @property
+    def retrieval_heads_per_layer(self) -> list[int]:
+        return [sum(isinstance(p, Full) for p in row) for row in self.policies]
+
+    def layer_groups(self, layer: int) -> list[tuple[HeadPolicy, list[int]]]:
+        """The layer's KV heads grouped by identical policy, in order of first appearance."""
+        groups: dict[HeadPolicy, list[int]] = {}
+        for head, policy in enumerate(self.policies[layer]):
+            groups.setdefault(policy, []).append(head)
+        return list(groups.items())
+
+    # --- memory -------------------------------------------------------------------------
+    def kv_tokens(self, context: int, batch: int = 1) -> int:
+        """Cached (token, KV head) pairs at `context` tokens, summed over layers and heads."""
+        if context < 0 or batch < 1:
+            raise PlanError(f"context must be >= 0 and batch >= 1, got context={context}, batch={batch}")
+        return batch * sum(p.tokens_kept(context) for row in self.policies for p in row)
+
+    def kv_bytes(self, context: int, batch: int = 1, dtype: Any = "bfloat16") -> int:
+        """Bytes of keys and values at `context` tokens (both K and V, every layer)."""
+        return self.kv_tokens(context, batch) * 2 * self.shape.head_dim * dtype_bytes(dtype)
+
+    def memory_report(self, context: int, batch: int = 1, dtype: Any = "bfloat16") -> dict[str, Any]:
+        full = uniform_plan(self.shape, Full())
+        plan_bytes, full_bytes = self.kv_bytes(context, batch, dtype), full.kv_bytes(context, batch, dtype)
+        return {
+            "context": context,
+            "batch": batch,
+            "dtype": str(dtype).removeprefix("torch."),
+            "kv_tokens_full": full.kv_tokens(context, batch),
+            "kv_tokens_plan": self.kv_tokens(context, batch),
+            "kv_bytes_full": full_bytes,
+            "kv_bytes_plan": plan_bytes,
+            "fraction_of_full": plan_bytes / full_bytes if full_bytes else 1.0,
+        }
+
+    # --- serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": {"name_or_path": self.model_name, **self.shape.to_dict()},
+            "policies": [[p.to_dict() for p in row] for row in self.policies],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        model = dict(data["model"])
+        name = model.pop("name_or_path", None)
+        table = [[policy_from_dict(p) for p in row] for row in data["policies"]]
+        return cls(ModelShape(**model), table, name)
+
+
+def uniform_plan(shape: ModelShape, policy: HeadPolicy, model_name: str | None = None) -> Plan:
+    """Every head gets the same policy (full attention, StreamingLLM-all, H2O-all)."""
+    row = (policy,) * shape.num_key_value_heads
+    return Plan(shape, (row,) * shape.num_hidden_layers, model_name)
+
+
+def plan_from_streaming_set(
+    shape: ModelShape, streaming: set[int], policy: HeadPolicy, model_name: str | None = None
+) -> Plan:
+    """Heads in `streaming` (flat indices) get `policy`, the others stay full."""
+    k = shape.num_key_value_heads
+    table = [
+        [policy if layer * k + head in streaming else Full() for head in range(k)]
+        for layer in range(shape.num_hidden_layers)
+    ]
+    return Plan(shape, table, model_name)
+
+
+_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_TOKEN_UNITS = {"tok": 1, "tokens": 1, "token": 1, "ktok": 10**3, "k tokens": 10**3}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A KV memory budget at one context length, in bytes or in (token, KV head) pairs."""
+
+    amount: float
+    unit: str  # "bytes" or "tokens"
+
+    @classmethod
+    def parse(cls, text: str | int | Budget) -> Budget:
+        """'12GiB', '500 MB', '3e9B' -> bytes; '2000000 tokens', '2e6tok' or a bare int -> tokens."""
+        if isinstance(text, Budget):
+            return text
+        if isinstance(text, int) and not isinstance(text, bool):
+            return cls(float(text), "tokens")
+        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z ]*)\s*", str(text))
+        unit = m.group(2).strip().lower() if m else ""
+        try:
+            number = float(m.group(1)) if m else float("nan")
+        except ValueError:
+            number = float("nan")
+        if number != number or number <= 0 or (unit not in _BYTE_UNITS and unit not in _TOKEN_UNITS):
+            raise PlanError(
+                f"cannot read budget {text!r}: give bytes ('12GiB', '500MB') or tokens ('2000000 tokens')"
+            )
+        if unit in _BYTE_UNITS:
+            return cls(number * _BYTE_UNITS[unit], "bytes")
+        return cls(number * _TOKEN_UNITS[unit], "tokens")
+
+    def measure(self, plan: Plan, context: int, batch: int, dtype: Any) -> int:
+        return plan.kv_bytes(context, batch, dtype) if self.unit == "bytes" else plan.kv_tokens(context, batch)
+
+
+def _streaming_for_budget(profile: Profile, policy: HeadPolicy, budget: Budget, context, batch, dtype) -> set[int]:
+    if context is None or context <= 0:
+        raise PlanError("a budget needs the context length it applies to: pass context=N (tokens)")
+    order = streaming_order(profile.flat_scores())
+    shape, name = profile.shape, profile.model.name_or_path
+
+    def cost(k: int) -> int:
+        return budget.measure(plan_from_streaming_set(shape, set(order[:k]), policy, name), context, batch, dtype)
+
+    if cost(len(order)) > budget.amount:
+        raise PlanError(
+            f"impossible budget: {budget.amount:g} {budget.unit} at context {context}, but even with every head "
+            f"on {policy} the KV cache needs {cost(len(order))} {budget.unit}; raise the budget or shrink "
+            "the policy's sizes"
+        )
+    lo, hi = 0, len(order)  # cost is non-increasing in k: find the smallest k that fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if cost(mid) <= budget.amount else (mid + 1, hi)
+    return set(order[:lo])
+
+
+def plan(
+    profile: Profile,
+    *,
+    sparsity: float | None = None,
+    threshold: float | None = None,
+    budget: str | int | Budget | None = None,
+    context: int | None = None,
+    policy: str | None = None,
+    sink: int | None = None,
+    recent: int | None = None,
+    heavy: int | None = None,
+    batch: int = 1,
+    dtype: Any = "bfloat16",
+) -> Plan:
+    """Turn a profile into a per-head plan.
+
+    Give at most one of `sparsity` (fraction of KV heads that become non-retrieval), `threshold`
+    (heads scoring below it become non-retrieval) or `budget` (bytes or tokens of KV cache at
+    `context` tokens, `batch` and `dtype`: the fewest non-retrieval heads that fit). With none,
+    the profile's deploy sparsity is used. Non-retrieval heads get `policy` (default: the
+    profile's) with the given sizes (defaults: the profile's deploy sizes).
+    """
+    chosen = [name for name, v in (("sparsity", sparsity), ("threshold", threshold), ("budget", budget)) if v is not None]
+    if len(chosen) > 1:
+        raise PlanError(f"give one of sparsity, threshold or budget, not {' and '.join(chosen)}")
+    d = profile.deploy
+    name = policy or d.policy
+    default_recent = d.h2o_recent if name in ("h2o", "sink_h2o") else d.recent
+    streaming_policy = make_policy(
+        name,
+        sink=d.sink if sink is None else sink,
+        recent=default_recent if recent is None else recent,
+        heavy=d.heavy if heavy is None else heavy,
+    )
+    if isinstance(streaming_policy, Full):
+        raise PlanError("the policy for non-retrieval heads cannot be 'full'; use sparsity=0 for an all-full plan")
+    flat = profile.flat_scores()
+    if threshold is not None:
+        streaming = streaming_heads_for_threshold(flat, threshold)
+    elif budget is not None:
+        streaming = _streaming_for_budget(profile, streaming_policy, Budget.parse(budget), context, batch, dtype)
+    else:
+        streaming = streaming_heads_for_sparsity(flat, d.sparsity if sparsity is None else sparsity)
+    return plan_from_streaming_set(profile.shape, streaming, streaming_policy, profile.model.name_or_path)

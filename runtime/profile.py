@@ -1,0 +1,215 @@
+"""The duocal profile: one score per (layer, KV head), the model it belongs to, and defaults.
+
+File format (JSON, `"format": "duocal.profile"`, `"version": 1`)::
+
+    {
+      "format": "duocal.profile",
+      "version": 1,
+      "model": {"name_or_path": ..., "revision": ..., "architecture": ...,
+                "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": K,
+                "head_dim": D, "fingerprint": "sha256:..."},
+      "scores": [[s_00, ..., s_0K-1], ...],      # L rows of K floats in [0, 1]
+      "source": {"kind": "calibration" | "profiler" | "upstream" | ..., ...},
+      "deploy": {"sparsity": ..., "policy": "sink_window", "sink": ..., "recent": ...,
+                 "heavy": ..., "h2o_recent": ...}
+    }
+
+A higher score means "keep this head's whole cache" (a retrieval head). Scores of calibrated
+profiles are DuoAttention gate values (arXiv 2410.10819, section 3.2).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .atomic import write_atomic
+from .errors import ProfileError
+from .model_shape import SHAPE_FIELDS, ModelShape, shape_of_config
+from .policies import STREAMING_POLICIES
+
+FORMAT = "duocal.profile"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class DeployDefaults:
+    """How a profile is meant to be deployed unless the user says otherwise."""
+
+    sparsity: float = 0.5
+    policy: str = "sink_window"
+    sink: int = 64
+    recent: int = 256
+    heavy: int = 128
+    h2o_recent: int = 128
+
+    def __post_init__(self):
+        if not 0.0 <= self.sparsity <= 1.0:
+            raise ProfileError(f"deploy.sparsity must be in [0, 1], got {self.sparsity!r}")
+        if self.policy not in STREAMING_POLICIES:
+            raise ProfileError(
+                f"deploy.policy must be one of {', '.join(STREAMING_POLICIES)}, got {self.policy!r}"
+            )
+        for name in ("sink", "recent", "heavy", "h2o_recent"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ProfileError(f"deploy.{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    shape: ModelShape
+    name_or_path: str | None = None
+    revision: str | None = None
+    architecture: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: ModelInfo
+    scores: tuple[tuple[float, ...], ...]  # [layer][kv_head]
+    source: dict[str, Any] = field(default_factory=dict)
+    deploy: DeployDefaults = field(default_factory=DeployDefaults)
+
+    def __post_init__(self):
+        object.__setattr__(self, "scores", _checked_scores(self.scores, self.model.shape))
+
+    @property
+    def shape(self) -> ModelShape:
+        return self.model.shape
+
+    def flat_scores(self) -> list[float]:
+        """Scores in (layer, kv_head) order: index = layer * num_kv_heads + head."""
+        return [s for row in self.scores for s in row]
+
+    def check_compatible(self, config: Any) -> None:
+        """Raise `ProfileError` unless this profile fits a model with transformers `config`."""
+        theirs = shape_of_config(config)
+        if theirs != self.shape:
+            name = getattr(config, "_name_or_path", None) or "the model"
+            raise ProfileError(
+                f"profile is for {self.shape.describe()} ({self.model.name_or_path or 'unnamed model'}), "
+                f"but {name} has {theirs.describe()}: use a profile made for this model "
+                "(duocal profiles list, or duocal calibrate)"
+            )
+
+    def with_deploy(self, **changes) -> Profile:
+        return replace(self, deploy=replace(self.deploy, **changes))
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.model
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": {
+                "name_or_path": m.name_or_path,
+                "revision": m.revision,
+                "architecture": m.architecture,
+                **m.shape.to_dict(),
+                "fingerprint": m.shape.fingerprint,
+            },
+            "scores": [list(row) for row in self.scores],
+            "source": self.source,
+            "deploy": dict(vars(self.deploy)),
+        }
+
+
+def _checked_scores(scores, shape: ModelShape) -> tuple[tuple[float, ...], ...]:
+    if not isinstance(scores, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in scores):
+        raise ProfileError("scores must be a list of rows (one per layer) of numbers (one per KV head)")
+    lengths = {len(r) for r in scores}
+    if len(lengths) > 1:
+        raise ProfileError(f"scores is ragged: rows have lengths {sorted(lengths)}; every layer needs one score per KV head")
+    got = (len(scores), lengths.pop() if lengths else 0)
+    want = (shape.num_hidden_layers, shape.num_key_value_heads)
+    if got != want:
+        raise ProfileError(
+            f"scores is {got[0]}x{got[1]} but the model block says {want[0]} layers x {want[1]} KV heads"
+        )
+    rows = []
+    for layer, row in enumerate(scores):
+        for head, s in enumerate(row):
+            if isinstance(s, bool) or not isinstance(s, (int, float)):
+                raise ProfileError(f"score [{layer}][{head}] is {s!r}, not a number")
+            if not math.isfinite(s):
+                raise ProfileError(f"score [{layer}][{head}] is {s}; scores must be finite numbers in [0, 1]")
+            if not 0.0 <= s <= 1.0:
+                raise ProfileError(
+                    f"score [{layer}][{head}] = {s} is outside [0, 1] "
+                    "(raw upstream gates: import them with `duocal profiles import-upstream`, which clips)"
+                )
+        rows.append(tuple(float(s) for s in row))
+    return tuple(rows)
+
+
+def profile_from_dict(data: Any) -> Profile:
+    """Validate a decoded profile JSON object and build a `Profile`."""
+    if not isinstance(data, dict):
+        raise ProfileError("a profile must be a JSON object")
+    if data.get("format") != FORMAT:
+        raise ProfileError(f"unknown format {data.get('format')!r}: expected {FORMAT!r}")
+    if data.get("version") != VERSION:
+        raise ProfileError(
+            f"unsupported profile version {data.get('version')!r}: this duocal reads version {VERSION}; "
+            "upgrade duocal or re-export the profile"
+        )
+    for key in ("model", "scores", "deploy"):
+        if key not in data:
+            raise ProfileError(f"missing field {key!r}")
+    model = data["model"]
+    if not isinstance(model, dict):
+        raise ProfileError("field 'model' must be an object")
+    for key in (*SHAPE_FIELDS, "fingerprint"):
+        if key not in model:
+            raise ProfileError(f"missing field 'model.{key}'")
+    shape = ModelShape(**{k: model[k] for k in SHAPE_FIELDS})
+    if model["fingerprint"] != shape.fingerprint:
+        raise ProfileError(
+            f"fingerprint mismatch: the file says {model['fingerprint']} but its model shape "
+            f"({shape.describe()}) gives {shape.fingerprint}; the file was edited or corrupted"
+        )
+    deploy = data["deploy"]
+    if not isinstance(deploy, dict):
+        raise ProfileError("field 'deploy' must be an object")
+    unknown = set(deploy) - set(DeployDefaults.__dataclass_fields__)
+    if unknown:
+        raise ProfileError(f"unknown deploy field(s) {sorted(unknown)}")
+    info = ModelInfo(shape, model.get("name_or_path"), model.get("revision"), model.get("architecture"))
+    return Profile(info, data["scores"], dict(data.get("source") or {}), DeployDefaults(**deploy))
+
+
+def profile_to_json(profile: Profile) -> str:
+    """Stable, diff-friendly JSON: sorted-free fixed key order, one score row per line."""
+    data = profile.to_dict()
+    rows = data.pop("scores")
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    score_lines = ",\n".join("    " + json.dumps(row) for row in rows)
+    head, tail = text.split('\n  "source"', 1)
+    return f'{head}\n  "scores": [\n{score_lines}\n  ],\n  "source"{tail}\n'
+
+
+def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
+    """Write `profile` as JSON atomically (temporary file + rename)."""
+    return write_atomic(path, profile_to_json(profile))
+
+
+def read_profile_file(path: str | os.PathLike) -> Profile:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"profile file {path} does not exist") from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"{path} is not a text JSON file (corrupt or binary)") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProfileError(f"{path} is not valid JSON ({err}); the file is corrupt or truncated") from None
+    try:
+        return profile_from_dict(data)
+    except ProfileError as err:
+        raise ProfileError(f"{path}: {err}") from None

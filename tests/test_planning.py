@@ -1,0 +1,134 @@
+import numpy as np
+import pytest
+
+import duocal_runtime as dr
+from duocal_runtime.planning import streaming_order
+
+from helpers import random_profile
+
+
+def upstream_full_mask(scores: np.ndarray, sparsity: float) -> np.ndarray:
+    """duo_attn/utils.py sparsify_attention_heads, without its tie-breaking noise."""
+    threshold = np.quantile(scores, sparsity)
+    if sparsity >= 1:
+        threshold = 2
+    if sparsity <= 0:
+        threshold = -1
+    return scores >= threshold
+
+
+def full_mask(plan: dr.Plan) -> np.ndarray:
+    return np.array([[isinstance(p, dr.Full) for p in row] for row in plan.policies])
+
+
+@pytest.mark.parametrize("layers, kv_heads", [(32, 8), (32, 32), (16, 4)])
+@pytest.mark.parametrize("sparsity", [0.0, 0.25, 0.5, 0.75, 1.0])
+@pytest.mark.parametrize("seed", range(3))
+def test_matches_upstream_quantile_rule_without_ties(layers, kv_heads, sparsity, seed):
+    profile = random_profile(layers=layers, kv_heads=kv_heads, heads=kv_heads, seed=seed)
+    scores = np.array(profile.scores)
+    assert len(np.unique(scores)) == scores.size
+    plan = dr.plan(profile, sparsity=sparsity)
+    np.testing.assert_array_equal(full_mask(plan), upstream_full_mask(scores, sparsity))
+
+
+@pytest.mark.parametrize("sparsity", [0.1, 0.33, 0.5, 0.6, 0.9])
+def test_exact_count_and_deterministic_with_ties(sparsity):
+    profile = random_profile(layers=8, kv_heads=4, ties=True)
+    heads = 32
+    plans = [dr.plan(profile, sparsity=sparsity) for _ in range(3)]
+    assert all(p.num_streaming == round(sparsity * heads) for p in plans)
+    assert plans[0] == plans[1] == plans[2]
+    assert plans[0].sparsity == pytest.approx(round(sparsity * heads) / heads)
+
+
+def test_streaming_order_breaks_ties_by_later_head_first():
+    assert streaming_order([0.5, 0.1, 0.5, 0.5]) == [1, 3, 2, 0]
+
+
+def test_streaming_heads_never_score_above_full_heads():
+    profile = random_profile(layers=8, kv_heads=4, ties=True, seed=5)
+    plan = dr.plan(profile, sparsity=0.5)
+    mask = full_mask(plan)
+    scores = np.array(profile.scores)
+    assert scores[~mask].max() <= scores[mask].min()
+
+
+def test_threshold_keeps_scores_at_or_above():
+    profile = random_profile(layers=4, kv_heads=4, seed=1)
+    plan = dr.plan(profile, threshold=0.5)
+    np.testing.assert_array_equal(full_mask(plan), np.array(profile.scores) >= 0.5)
+
+
+def test_only_one_selector():
+    with pytest.raises(dr.PlanError, match="one of sparsity, threshold or budget"):
+        dr.plan(random_profile(), sparsity=0.5, threshold=0.3)
+
+
+def test_memory_report_is_analytic():
+    profile = random_profile(layers=4, kv_heads=2, heads=4, head_dim=8)
+    plan = dr.plan(profile, sparsity=0.5, sink=4, recent=12)
+    report = plan.memory_report(context=100, batch=3, dtype="float32")
+    assert report["kv_tokens_full"] == 3 * 8 * 100
+    assert report["kv_tokens_plan"] == 3 * (4 * 100 + 4 * 16)
+    assert report["kv_bytes_plan"] == report["kv_tokens_plan"] * 2 * 8 * 4
+    assert plan.retrieval_heads_per_layer and sum(plan.retrieval_heads_per_layer) == 4
+    short = plan.memory_report(context=10)
+    assert short["kv_bytes_plan"] == short["kv_bytes_full"]  # short contexts keep everything
+
+
+def test_budget_picks_fewest_streaming_heads_that_fit():
+    profile = random_profile(layers=4, kv_heads=4, heads=4, head_dim=8, seed=2)
+    context = 1000
+    for k in range(1, 17):
+        budget_tokens = 16 * context - k * (context - 320)  # exactly k sink_window(64, 256) heads
+        plan = dr.plan(profile, budget=budget_tokens, context=context, sink=64, recent=256)
+        assert plan.num_streaming == k
+        assert plan.kv_tokens(context) <= budget_tokens
+        if k < 16:
+            tighter = dr.plan(profile, budget=budget_tokens - 1, context=context, sink=64, recent=256)
+            assert tighter.num_streaming == k + 1
+        assert plan == dr.plan(profile, sparsity=k / 16, sink=64, recent=256)
+
+
+def test_budget_in_bytes_and_errors():
+    profile = random_profile(layers=4, kv_heads=4, heads=4, head_dim=8)
+    plan = dr.plan(profile, budget="300KiB", context=1000, dtype="bfloat16")
+    assert plan.kv_bytes(1000, dtype="bfloat16") <= 300 * 1024
+    assert 0 < plan.num_streaming < 16
+    with pytest.raises(dr.PlanError, match="impossible budget"):
+        dr.plan(profile, budget="1KiB", context=1000)
+    with pytest.raises(dr.PlanError, match="context"):
+        dr.plan(profile, budget="1GiB")
+    with pytest.raises(dr.PlanError, match="cannot read budget"):
+        dr.plan(profile, budget="lots", context=10)
+
+
+@pytest.mark.parametrize("policy", ["h2o", "sink_h2o", "sink_window"])
+def test_policy_and_sizes(policy):
+    plan = dr.plan(random_profile(), sparsity=1.0, policy=policy, sink=2, recent=3, heavy=5)
+    kinds = {p for row in plan.policies for p in row}
+    assert len(kinds) == 1
+    (p,) = kinds
+    assert p.name == policy and p.recent == 3
+
+
+@pytest.mark.parametrize("sizes", [dict(sink=0), dict(recent=-1), dict(heavy=0)])
+def test_bad_sizes(sizes):
+    with pytest.raises(dr.PlanError, match="positive integer"):
+        dr.plan(random_profile(), sparsity=0.5, policy="sink_h2o", **sizes)
+
+
+def test_unknown_policy_and_full_refused():
+    with pytest.raises(dr.PlanError, match="unknown policy"):
+        dr.plan(random_profile(), policy="lru")
+    with pytest.raises(dr.PlanError, match="cannot be 'full'"):
+        dr.plan(random_profile(), policy="full")
+
+
+def test_plan_dict_round_trip_and_groups():
+    plan = dr.plan(random_profile(layers=3, kv_heads=4, heads=8), sparsity=0.5, policy="h2o")
+    assert dr.Plan.from_dict(plan.to_dict()) == plan
+    for layer in range(3):
+        heads = sorted(h for _, hs in plan.layer_groups(layer) for h in hs)
+        assert heads == [0, 1, 2, 3]
