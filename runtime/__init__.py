@@ -5,9 +5,14 @@ Public API::
     import duocal_runtime as dr
     profile = dr.load_profile("path/or/name")
     plan = dr.plan(profile, sparsity=0.5)
+    with dr.apply(model, plan) as runtime:
+        out = model.generate(**inputs, max_new_tokens=256, cache=runtime.new_cache())
 """
 
+from .apply import Runtime, apply
+from .cache import DuoCache
 from .errors import PlanError, ProfileError
+from .hf_compat import SUPPORTED_MODEL_TYPES
 from .loading import load_profile
 from .model_shape import ModelShape, config_fingerprint, shape_of_config
 from .planning import Budget, Plan, plan, plan_from_streaming_set, uniform_plan
@@ -16,6 +21,7 @@ from .profile import DeployDefaults, ModelInfo, Profile, profile_from_dict, save
 from .upstream import export_upstream, import_upstream
 
 __all__ = [
+    "DuoCache", "Runtime", "SUPPORTED_MODEL_TYPES", "apply",
     "Budget", "DeployDefaults", "Full", "H2O", "ModelInfo", "ModelShape", "POLICIES", "Plan", "PlanError",
     "Profile", "ProfileError", "SinkH2O", "SinkWindow", "config_fingerprint", "export_upstream",
     "import_upstream", "load_profile", "make_policy", "plan", "plan_from_streaming_set", "profile_from_dict",

@@ -1,0 +1,98 @@
+"""`apply(model, plan)`: run a model with duocal's per-head KV cache, undoably.
+
+Nothing is patched at import. `apply` registers an attention function under a name of its own
+and switches the model to it; `remove()` (or leaving the `with` block) switches back and
+unregisters it. Applying a new plan to a model first removes the one applied before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import hf_compat
+from .cache import DuoCache, DuoCacheLayer
+from .errors import PlanError
+from .model_shape import shape_of_config
+from .planning import Plan
+
+_RUNTIME_ATTR = "_duocal_runtime"
+
+
+class Runtime:
+    """Handle for a plan applied to a model. Use as a context manager or call `remove()`."""
+
+    def __init__(self, model, plan: Plan, prefill_chunk_size: int | None = None):
+        self.model, self.plan, self.prefill_chunk_size = model, plan, prefill_chunk_size
+        self.name = f"duocal_{id(self):x}"
+        self.active = False
+        self._previous: str | None = None
+
+    def new_cache(self) -> DuoCache:
+        """A fresh per-head cache for one generation (or one conversation, reused across turns)."""
+        if not self.active:
+            raise RuntimeError("this duocal runtime was removed; apply the plan again to get a cache")
+        return DuoCache(self.plan, owner=self, prefill_chunk_size=self.prefill_chunk_size)
+
+    def _attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        layer = kwargs.get(hf_compat.LAYER_KWARG)
+        if layer is None:
+            if key.shape[2] != query.shape[2]:
+                raise RuntimeError(
+                    "duocal: the model was given a cache that is not a DuoCache; pass "
+                    "cache=runtime.new_cache() to generate() or forward()"
+                )
+            # No cache (use_cache=False): attend with the plan's policies, keep nothing.
+            layer = DuoCacheLayer(self.plan, module.layer_idx, self, self.prefill_chunk_size)
+        elif layer.owner is not self:
+            raise RuntimeError("duocal: this DuoCache was made by another runtime; use this runtime's new_cache()")
+        if attention_mask is not None and attention_mask.ndim != 2:
+            raise ValueError("duocal: 4D attention masks are not supported; pass a 2D padding mask")
+        out = layer.attend(query, key, value, attention_mask, scaling if scaling is not None else module.scaling)
+        return out.transpose(1, 2), None
+
+    def _install(self) -> None:
+        previous = getattr(self.model, _RUNTIME_ATTR, None)
+        if previous is not None and previous.active:
+            previous.remove()
+        self._previous = hf_compat.attention_implementation(self.model)
+        hf_compat.register(self.name, self._attention)
+        hf_compat.set_attention_implementation(self.model, self.name)
+        setattr(self.model, _RUNTIME_ATTR, self)
+        self.active = True
+
+    def remove(self) -> None:
+        """Restore the model's attention implementation; this handle's caches stop working."""
+        if not self.active:
+            return
+        hf_compat.set_attention_implementation(self.model, self._previous)
+        hf_compat.unregister(self.name)
+        if getattr(self.model, _RUNTIME_ATTR, None) is self:
+            delattr(self.model, _RUNTIME_ATTR)
+        self.active = False
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def apply(model, plan: Plan, *, prefill_chunk_size: int | None = None) -> Runtime:
+    """Serve `model` with `plan`'s per-head KV cache. Returns a `Runtime` (context manager).
+
+    `prefill_chunk_size` splits long prompts into chunks inside every layer's attention: peak
+    attention memory is bounded by the chunk, and H2O heads evict after each chunk (so their
+    kept set can differ from a one-pass prefill, as chunked prefill does in the H2O reference).
+    """
+    hf_compat.check_model_supported(model.config)
+    shape = shape_of_config(model.config)
+    if shape != plan.shape:
+        raise PlanError(
+            f"plan is for {plan.shape.describe()} ({plan.model_name or 'unnamed model'}), but the model has "
+            f"{shape.describe()}: make the plan from this model's profile"
+        )
+    if prefill_chunk_size is not None and prefill_chunk_size <= 0:
+        raise PlanError(f"prefill_chunk_size must be a positive number of tokens, got {prefill_chunk_size}")
+    runtime = Runtime(model, plan, prefill_chunk_size)
+    runtime._install()
+    return runtime

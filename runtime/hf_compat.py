@@ -1,0 +1,84 @@
+"""Everything that depends on the transformers version (tested: 5.24).
+
+- Attention functions are registered by name in `AttentionInterface`, and the same name in
+  `AttentionMaskInterface` (without it transformers passes `attention_mask=None` even for a
+  left-padded batch). duocal's mask function returns the caller's 2D padding mask (or None):
+  each head group builds its own causal / window mask from it, so no [T, T] mask is built.
+- The decoder attention modules of the supported families call
+  `cache.update(k, v, layer_idx, kwargs=kwargs)` and then `attention_fn(..., **kwargs)` with the
+  same dict, so a cache layer can hand itself to the attention function under `LAYER_KWARG`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function
+
+LAYER_KWARG = "duocal_cache_layer"
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def check_model_supported(config: Any) -> None:
+    """Raise ValueError for architectures the runtime cannot serve correctly."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"duocal does not support model type {model_type!r} yet; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    layer_types = getattr(config, "layer_types", None) or []
+    uses_window = "sliding_attention" in layer_types or (
+        model_type == "mistral" and getattr(config, "sliding_window", None) is not None
+    )
+    if uses_window:
+        raise ValueError(
+            f"this {model_type} config uses sliding-window attention layers, which duocal does not combine "
+            "with per-head policies; set config.sliding_window = None (or use_sliding_window = False) if the "
+            "model was trained without it"
+        )
+
+
+def padding_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function: Callable = causal_mask_function,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor | None:
+    """AttentionMaskInterface entry: the 2D bool padding mask over the kv range, None if none is padded."""
+    if mask_function is not causal_mask_function:
+        raise ValueError(
+            "duocal only supports plain causal masks (no packed sequences, sliding windows or custom overlays)"
+        )
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, kv_offset : kv_offset + kv_length].to(torch.bool)
+    if mask.shape[-1] != kv_length:
+        raise ValueError(
+            f"attention_mask covers {attention_mask.shape[-1]} tokens but the cache and input make {kv_length}: "
+            "pass a mask over every token seen so far plus the new ones"
+        )
+    return None if bool(mask.all()) else mask
+
+
+def register(name: str, attention_fn: Callable) -> None:
+    AttentionInterface.register(name, attention_fn)
+    AttentionMaskInterface.register(name, padding_mask)
+
+
+def unregister(name: str) -> None:
+    AttentionInterface._global_mapping.pop(name, None)
+    AttentionMaskInterface._global_mapping.pop(name, None)
+
+
+def attention_implementation(model) -> str:
+    return model.config._attn_implementation
+
+
+def set_attention_implementation(model, name: str) -> None:
+    model.set_attn_implementation(name)
