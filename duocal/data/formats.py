@@ -62,12 +62,10 @@ class PasskeyFormat:
     suffix: str = ""
 
     def __post_init__(self):
-        for name in ("needle", "question"):
-            text = getattr(self, name)
-            if text.count("{key}") != 1 or text.count("{value}") != 1:
-                raise ValueError(f"format {name} template needs exactly one {{key}} and one {{value}}: {text!r}")
-        if self.question.index("{key}") > self.question.index("{value}"):
-            raise ValueError("format question must name the {key} before the {value} it asks for")
+        if self.needle.count("{key}") != 1 or self.needle.count("{value}") != 1:
+            raise ValueError(f"format needle needs exactly one {{key}} and one {{value}}: {self.needle!r}")
+        if self.question.count("{value}") != 1 or "{key}" not in self.question.split("{value}")[0]:
+            raise ValueError(f"format question needs a {{key}} and then exactly one {{value}}: {self.question!r}")
         if self.value_length < 1 or not self.values:
             raise ValueError("format needs a non-empty value alphabet and value_length >= 1")
         if self.distinct and self.value_length > len(set(self.values)):
