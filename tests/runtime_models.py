@@ -1,0 +1,39 @@
+"""Tiny random-weight models of each supported family, built from configs (nothing downloaded)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              max_position_embeddings=512, initializer_range=0.2)
+
+FAMILIES = {
+    "llama": lambda: LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **COMMON),
+    "llama_mha": lambda: LlamaConfig(num_attention_heads=4, num_key_value_heads=4, **COMMON),
+    "mistral": lambda: MistralConfig(num_attention_heads=4, num_key_value_heads=2, sliding_window=None, **COMMON),
+    "qwen2": lambda: Qwen2Config(num_attention_heads=4, num_key_value_heads=2, **COMMON),
+    "qwen3": lambda: Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=16, **COMMON),
+}
+
+
+def tiny_model(family: str = "llama", seed: int = 0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    config = FAMILIES[family]()
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    model.generation_config.eos_token_id = None  # random weights: never stop early, rows stay comparable
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def left_padded_batch(lengths: list[int], vocab: int = 97, seed: int = 1):
+    """input_ids and attention_mask for rows of the given real lengths, left padded."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, width - n :] = torch.randint(1, vocab, (n,), generator=g)
+        mask[row, width - n :] = 1
+    return ids, mask

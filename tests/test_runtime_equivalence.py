@@ -1,0 +1,126 @@
+"""An all-full plan changes nothing; apply/remove are clean; every family and dtype works."""
+
+import pytest
+import torch
+
+import duocal_runtime as dr
+
+from runtime_models import FAMILIES, left_padded_batch, tiny_model
+
+
+def all_full(model) -> dr.Plan:
+    return dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())
+
+
+def greedy(model, ids, mask, cache=None, steps=12):
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
+                         cache=cache, output_logits=True, return_dict_in_generate=True)
+    return out.sequences, torch.stack(out.logits)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_all_full_plan_matches_the_model_without_duocal(family):
+    model = tiny_model(family)
+    ids, mask = left_padded_batch([20, 13, 17])
+    ref_tokens, ref_logits = greedy(model, ids, mask)
+    with dr.apply(model, all_full(model)) as runtime:
+        tokens, logits = greedy(model, ids, mask, runtime.new_cache())
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=2e-5)
+
+
+def test_sampling_matches_with_the_same_seed():
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch([16, 9])
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=True, top_k=0, temperature=1.0)
+    torch.manual_seed(7)
+    ref = model.generate(**kwargs)
+    with dr.apply(model, all_full(model)) as runtime:
+        torch.manual_seed(7)
+        out = model.generate(**kwargs, cache=runtime.new_cache())
+    assert torch.equal(out, ref)
+
+
+def test_bf16_all_full_and_mixed():
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    ids, mask = left_padded_batch([24, 24])
+    ref_tokens, _ = greedy(model, ids, mask)
+    shape = dr.shape_of_config(model.config)
+    with dr.apply(model, all_full(model)) as runtime:
+        tokens, _ = greedy(model, ids, mask, runtime.new_cache())
+    assert torch.equal(tokens, ref_tokens)
+    plan = dr.Plan(shape, [[dr.SinkWindow(2, 6), dr.H2O(4, 4)], [dr.Full(), dr.SinkH2O(2, 3, 3)]])
+    with dr.apply(model, plan) as runtime:
+        cache = runtime.new_cache()
+        greedy(model, ids, mask, cache)
+    assert all(g.k.dtype == torch.bfloat16 for layer in range(2) for g in cache.head_groups(layer))
+
+
+def test_apply_twice_remove_and_apply_another_plan():
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch([18])
+    before, before_logits = greedy(model, ids, mask)
+    impl = model.config._attn_implementation
+    shape = dr.shape_of_config(model.config)
+    first = dr.apply(model, dr.uniform_plan(shape, dr.SinkWindow(2, 4)))
+    streaming, _ = greedy(model, ids, mask, first.new_cache())
+    second = dr.apply(model, all_full(model))  # replaces the first
+    assert not first.active and second.active
+    with pytest.raises(RuntimeError, match="removed"):
+        first.new_cache()
+    full, _ = greedy(model, ids, mask, second.new_cache())
+    assert torch.equal(full, before) and not torch.equal(streaming, before)
+    stale = second.new_cache()
+    second.remove()
+    second.remove()  # idempotent
+    assert model.config._attn_implementation == impl
+    after, after_logits = greedy(model, ids, mask)
+    assert torch.equal(after, before)
+    torch.testing.assert_close(after_logits, before_logits, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="removed"):
+        model(input_ids=ids, cache=stale)
+
+
+def test_foreign_cache_is_a_clear_error():
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch([12])
+    with dr.apply(model, all_full(model)):
+        with pytest.raises(RuntimeError, match="new_cache"):
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+
+
+def test_forward_without_cache_uses_the_plan():
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch([30, 22])
+    shape = dr.shape_of_config(model.config)
+    plan = dr.Plan(shape, [[dr.SinkWindow(2, 5), dr.Full()], [dr.H2O(3, 3), dr.Full()]])
+    with dr.apply(model, plan) as runtime:
+        no_cache = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        with_cache = model(input_ids=ids, attention_mask=mask, cache=runtime.new_cache()).logits
+    plain = model(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(no_cache[real], with_cache[real], rtol=0, atol=1e-5)
+    assert not torch.allclose(no_cache[real], plain[real], atol=1e-3)
+
+
+def test_unsupported_models_and_shapes_are_clear_errors():
+    from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    shape = dr.ModelShape(1, 2, 2, 16)
+    with pytest.raises(ValueError, match="does not support model type 'gpt2'"):
+        dr.apply(gpt2, dr.uniform_plan(shape, dr.Full()))
+    windowed = MistralForCausalLM(MistralConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                                num_key_value_heads=2, intermediate_size=32, vocab_size=50,
+                                                sliding_window=16))
+    with pytest.raises(ValueError, match="sliding-window"):
+        dr.apply(windowed, dr.uniform_plan(shape, dr.Full()))
+    model = tiny_model("llama")
+    with pytest.raises(dr.PlanError, match="plan is for 3 layers x 2 KV heads.*model has 2 layers x 2 KV heads"):
+        dr.apply(model, dr.uniform_plan(dr.ModelShape(3, 4, 2, 16), dr.Full()))
+    with pytest.raises(dr.PlanError, match="prefill_chunk_size"):
+        dr.apply(model, all_full(model), prefill_chunk_size=0)
+    with pytest.raises(dr.PlanError, match="positive integer"):
+        dr.SinkWindow(sink=4, recent=0)
+    with pytest.raises(dr.PlanError, match="positive integer"):
+        dr.H2O(heavy=-1, recent=4)
