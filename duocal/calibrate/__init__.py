@@ -1,0 +1,8 @@
+"""DuoAttention calibration: gates trained on synthetic passkey data, sharded by DeepSpeed.
+
+Components (one concept per file): `gates` (the trainable gates and their clamp), `streaming`
+(blocked streaming attention), `gated_attention` (the registered attention function of the
+teacher and student passes), `loss`, `schedule`, `objective` (the module DeepSpeed wraps),
+`engine` (DeepSpeed set-up), `ulysses` (sequence parallelism), `checkpoint`, `recipe`, `run`
+(the training loop), `launch` (torchrun), `ranking` (tie-resolving head ranking).
+"""
