@@ -3,7 +3,8 @@
 Public API::
 
     import duocal_runtime as dr
-    profile = dr.load_profile("path/or/name")
+    profile = dr.load_profile("path/or/name")          # or a URL, or hf://OWNER/REPO
+    pulled = dr.pull("duo-attention/Meta-Llama-3.1-8B-Instruct")   # cached, verified; pulled.path
     plan = dr.plan(profile, sparsity=0.5)
     with dr.apply(model, plan) as runtime:
         out = model.generate(**inputs, max_new_tokens=256, cache=runtime.new_cache())
@@ -11,13 +12,17 @@ Public API::
 
 from .apply import Runtime, apply
 from .cache import DuoCache
+from .download import ChecksumError, DownloadError
 from .errors import PlanError, ProfileError
 from .hf_compat import SUPPORTED_MODEL_TYPES
+from .hub import HubError
 from .loading import load_profile
 from .model_shape import ModelShape, config_fingerprint, shape_of_config
 from .planning import Budget, Plan, plan, plan_from_streaming_set, uniform_plan
 from .policies import H2O, POLICIES, Full, SinkH2O, SinkWindow, make_policy
+from .prebuilt_index import load_index
 from .profile import DeployDefaults, ModelInfo, Profile, profile_from_dict, save_profile
+from .profile_cache import PulledProfile, pull
 from .upstream import export_upstream, import_upstream
 
 __all__ = [
@@ -26,4 +31,5 @@ __all__ = [
     "Profile", "ProfileError", "SinkH2O", "SinkWindow", "config_fingerprint", "export_upstream",
     "import_upstream", "load_profile", "make_policy", "plan", "plan_from_streaming_set", "profile_from_dict",
     "save_profile", "shape_of_config", "uniform_plan",
+    "ChecksumError", "DownloadError", "HubError", "PulledProfile", "load_index", "pull",
 ]

@@ -3,6 +3,7 @@
 import typer
 
 from .profiles import profiles_app
+from . import profiles_remote  # noqa: F401,E402  registers `profiles list | pull | push` on profiles_app
 
 app = typer.Typer(
     name="duocal",

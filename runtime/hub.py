@@ -1,0 +1,150 @@
+"""Profiles on the Hugging Face Hub: `hf://OWNER/REPO[/PATH][@REVISION]` references.
+
+Downloads go through `huggingface_hub.hf_hub_download`, so the Hub's own cache, auth and
+revision handling apply. `HF_ENDPOINT`, `HF_HUB_CACHE` and `HF_HUB_OFFLINE` are read when a
+call is made (huggingface_hub reads them once, at import), so a mirror endpoint or offline mode
+set by the caller after import still takes effect. `huggingface_hub` itself is imported lazily:
+`import duocal_runtime` stays light.
+
+What a reference points at: no PATH means `profile.json` at the repo root (what `duocal
+profiles push` writes); a PATH ending in `.json` is a duocal profile; a PATH ending in `.tsv` is
+an upstream DuoAttention `full_attention_heads.tsv` with its `config.json` beside it; any other
+PATH is a folder holding `profile.json`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from .errors import ProfileError
+
+SCHEME = "hf://"
+_REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class HubError(ProfileError):
+    """A Hub download or upload failed; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class HubRef:
+    """A file or folder in a Hub repo, as written `hf://[datasets/]OWNER/REPO[/PATH][@REVISION]`."""
+
+    repo_id: str
+    path: str = ""
+    revision: str | None = None
+    repo_type: str = "model"
+
+    @property
+    def pinned(self) -> bool:
+        """True when the revision is a full commit sha (immutable), not a branch or tag."""
+        return self.revision is not None and bool(_COMMIT.match(self.revision))
+
+    @property
+    def format(self) -> str:
+        return "upstream-duo-attention" if self.path.endswith(".tsv") else "duocal"
+
+    def files(self) -> dict[str, str]:
+        """Local name -> path in the repo, for every file this reference needs."""
+        path = PurePosixPath(self.path) if self.path else None
+        if path is None:
+            return {"profile.json": "profile.json"}
+        if self.path.endswith(".json"):
+            return {"profile.json": str(path)}
+        if self.path.endswith(".tsv"):
+            return {"full_attention_heads.tsv": str(path), "config.json": str(path.parent / "config.json")}
+        return {"profile.json": str(path / "profile.json")}
+
+    def __str__(self) -> str:
+        prefix = "datasets/" if self.repo_type == "dataset" else ""
+        path = f"/{self.path}" if self.path else ""
+        rev = f"@{self.revision}" if self.revision else ""
+        return f"{SCHEME}{prefix}{self.repo_id}{path}{rev}"
+
+
+def parse_hf_ref(ref: str) -> HubRef:
+    """Parse `hf://OWNER/REPO[/PATH][@REVISION]` (or `hf://datasets/OWNER/REPO...`)."""
+    if not ref.startswith(SCHEME):
+        raise ProfileError(f"{ref!r} is not a Hub reference: write hf://OWNER/REPO[/PATH][@REVISION]")
+    body, revision = ref[len(SCHEME):], None
+    if "@" in body:
+        body, revision = body.split("@", 1)
+        if not revision:
+            raise ProfileError(f"{ref!r} has an empty revision after '@': give a branch, tag or commit sha")
+    repo_type = "model"
+    if body.startswith("datasets/"):
+        repo_type, body = "dataset", body[len("datasets/"):]
+    parts = [p for p in body.split("/") if p]
+    if len(parts) < 2 or not all(_REPO_PART.match(p) for p in parts[:2]):
+        raise ProfileError(f"{ref!r} does not name a repo: write hf://OWNER/REPO[/PATH][@REVISION]")
+    if any(p in (".", "..") for p in parts[2:]):
+        raise ProfileError(f"{ref!r}: a path in a repo cannot contain '.' or '..'")
+    return HubRef("/".join(parts[:2]), "/".join(parts[2:]), revision, repo_type)
+
+
+def env_offline() -> bool:
+    """HF_HUB_OFFLINE=1 (or true/yes/on): use only what is already cached."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+def _endpoint() -> str | None:
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def hub_download(ref: HubRef, filename: str, *, offline: bool = False, force: bool = False) -> Path:
+    """Local path of `filename` in `ref`'s repo, downloaded through huggingface_hub's cache."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(
+            ref.repo_id, filename, repo_type=ref.repo_type, revision=ref.revision,
+            cache_dir=os.environ.get("HF_HUB_CACHE") or None, endpoint=_endpoint(),
+            local_files_only=offline, force_download=force,
+        ))
+    except Exception as err:  # huggingface_hub raises many types; all become one clear error
+        raise HubError(_download_message(ref, filename, err, offline)) from err
+
+
+def _download_message(ref: HubRef, filename: str, err: Exception, offline: bool) -> str:
+    from huggingface_hub import errors as hf
+
+    where = f"{filename} from {ref}"
+    if offline or isinstance(err, (hf.LocalEntryNotFoundError, hf.OfflineModeIsEnabled)):
+        return (f"{where} is not in the Hugging Face cache and offline mode is on (--offline or "
+                "HF_HUB_OFFLINE=1): run the same pull once with network access")
+    if isinstance(err, hf.RepositoryNotFoundError):
+        return f"{where}: repository {ref.repo_id} not found (or private: log in with `hf auth login`)"
+    if isinstance(err, hf.RevisionNotFoundError):
+        return f"{where}: revision {ref.revision!r} not found in {ref.repo_id}"
+    if isinstance(err, hf.EntryNotFoundError):
+        return f"{where}: no such file in the repo; check the path after OWNER/REPO"
+    endpoint = _endpoint() or "https://huggingface.co"
+    return f"could not download {where} from {endpoint}: {type(err).__name__}: {err}"
+
+
+def upload_folder(
+    folder: str | os.PathLike, ref: HubRef, *, token: str | None = None, private: bool | None = None,
+    message: str = "Upload duocal profile",
+) -> tuple[str, str]:
+    """Create `ref`'s repo if needed and commit every file in `folder`; returns (repo URL, commit URL)."""
+    from huggingface_hub import HfApi
+
+    if ref.path or ref.revision:
+        raise ProfileError(f"push to {ref}: give only hf://OWNER/REPO (files go to the repo root of main)")
+    api = HfApi(endpoint=_endpoint(), token=token)
+    try:
+        repo = api.create_repo(ref.repo_id, repo_type=ref.repo_type, private=private, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=ref.repo_id, folder_path=str(folder), repo_type=ref.repo_type, commit_message=message
+        )
+    except Exception as err:  # HTTP, auth and validation errors all become one clear error
+        raise HubError(
+            f"push to {ref} failed: {type(err).__name__}: {err}. Check that you are logged in "
+            "(`hf auth login` or --token / HF_TOKEN) with write access to that owner."
+        ) from err
+    return str(repo), commit.commit_url
