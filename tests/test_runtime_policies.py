@@ -152,6 +152,11 @@ def test_chunked_prefill_same_output_and_bounded_h2o():
         chunked = model(input_ids=ids, attention_mask=mask, cache=runtime.new_cache()).logits
     real = mask.bool()
     torch.testing.assert_close(chunked[real], whole[real], rtol=0, atol=1e-5)
+    with dr.apply(model, plan) as runtime:  # transformers' own chunked prefill: successive forward passes
+        one_pass, _ = run(model, ids, mask, runtime.new_cache(), 6)
+        hf_chunks = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                   cache=runtime.new_cache(), prefill_chunk_size=9)
+    assert torch.equal(one_pass, hf_chunks)
     h2o = dr.uniform_plan(shape, dr.H2O(4, 4))
     with dr.apply(model, h2o, prefill_chunk_size=8) as runtime:
         cache = runtime.new_cache()
