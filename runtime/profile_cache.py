@@ -81,12 +81,17 @@ class ProfileCache:
         return folder / "profile.json", None
 
     def store(self, folder: Path, ref: str, raw: dict[str, bytes], profile_bytes: bytes) -> Path:
-        for name, data in sorted(raw.items()):
-            write_atomic(folder / "raw" / name, data)
-        path = write_atomic(folder / "profile.json", profile_bytes)
+        """Write raw files, then profile.json, then origin.json (which makes the entry valid)."""
         origin = {"ref": ref, "files": {n: sha256_hex(d) for n, d in sorted(raw.items())},
                   "profile_sha256": sha256_hex(profile_bytes)}
-        write_atomic(folder / "origin.json", json.dumps(origin, indent=2) + "\n")
+        try:
+            for name, data in sorted(raw.items()):
+                write_atomic(folder / "raw" / name, data)
+            path = write_atomic(folder / "profile.json", profile_bytes)
+            write_atomic(folder / "origin.json", json.dumps(origin, indent=2) + "\n")
+        except OSError as err:
+            raise ProfileError(f"cannot write the profile cache at {self.root} ({err}): "
+                               f"set {CACHE_ENV} to a writable folder") from None
         return path
 
 

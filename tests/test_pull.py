@@ -218,6 +218,14 @@ def test_transient_failures_are_retried_until_the_file_arrives(site):
     assert site.hits(site.tiny_path) == 3
 
 
+def test_an_unwritable_cache_is_reported(site, tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    monkeypatch.setenv("DUOCAL_CACHE_DIR", str(blocker))
+    with pytest.raises(dr.ProfileError, match="cannot write the profile cache.*DUOCAL_CACHE_DIR"):
+        pull("test/tiny")
+
+
 def test_bad_timeout_settings_are_reported(monkeypatch):
     monkeypatch.setenv("DUOCAL_HTTP_TIMEOUT", "soon")
     with pytest.raises(dr.ProfileError, match="DUOCAL_HTTP_TIMEOUT must be a number"):
