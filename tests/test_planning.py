@@ -132,3 +132,24 @@ def test_plan_dict_round_trip_and_groups():
     for layer in range(3):
         heads = sorted(h for _, hs in plan.layer_groups(layer) for h in hs)
         assert heads == [0, 1, 2, 3]
+
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    scores=st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]) | st.floats(0, 1), min_size=4, max_size=4 * 3),
+    sparsity=st.floats(0, 1),
+)
+def test_property_exact_count_and_nested_selections(scores, sparsity):
+    kv_heads = 4 if len(scores) % 4 == 0 else 1
+    layers = len(scores) // kv_heads
+    shape = dr.ModelShape(layers, kv_heads, kv_heads, 8)
+    rows = [scores[i * kv_heads : (i + 1) * kv_heads] for i in range(layers)]
+    profile = dr.Profile(dr.ModelInfo(shape), rows)
+    plan = dr.plan(profile, sparsity=sparsity)
+    assert plan.num_streaming == round(sparsity * len(scores))
+    bigger = dr.plan(profile, sparsity=min(1.0, sparsity + 0.25))
+    assert (full_mask(bigger) <= full_mask(plan)).all()  # more sparsity only ever adds streaming heads
