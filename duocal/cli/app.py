@@ -13,3 +13,4 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(profiles_app, name="profiles")
+from . import calibrate as _calibrate  # noqa: E402,F401  registers `duocal calibrate` on app

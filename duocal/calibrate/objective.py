@@ -1,0 +1,51 @@
+"""The module DeepSpeed wraps: frozen model + gates, forward = teacher pass, student pass, loss.
+
+Everything that touches the gates happens inside `forward` (reading them, the L1 term): under
+ZeRO-3 a gate-dependent term computed outside the engine's forward fails in backward
+("AbsBackward0 returned an invalid gradient"), see shared/platform-facts.md.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from duocal.calibrate.gated_attention import GATING_KWARG, Gating
+from duocal.calibrate.gates import Gates
+from duocal.calibrate.loss import distill_sum, l1_mean
+
+
+class GateObjective(nn.Module):
+    """forward(input_ids [B,T], position_ids [B,T], positions [B,T] bool, scale) -> (loss, distill, reg).
+
+    `scale` turns the summed squared distance into this micro-batch's share of the global-batch
+    mean (see `duocal.calibrate.batches`). `decoder` is the model without its LM head
+    (`model.model`): the loss is on final hidden states, logits are never computed.
+    """
+
+    def __init__(self, decoder: nn.Module, gates: Gates, gating: Gating, reg: float):
+        super().__init__()
+        self.decoder, self.gates, self.gating, self.reg = decoder, gates, gating, reg
+        for p in self.decoder.parameters():
+            p.requires_grad_(False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.decoder.eval()  # frozen: no dropout, whatever DeepSpeed asks
+        return self
+
+    def hidden(self, input_ids, position_ids, gating: Gating) -> torch.Tensor:
+        return self.decoder(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **{GATING_KWARG: gating}
+        ).last_hidden_state
+
+    def forward(self, input_ids, position_ids, positions, scale, gates_override: torch.Tensor | None = None):
+        teacher_gating = Gating(self.gating.sink, self.gating.recent, self.gating.block,
+                                sequence_parallel=self.gating.sequence_parallel)
+        with torch.no_grad():
+            teacher = self.hidden(input_ids, position_ids, teacher_gating)
+        gates = self.gates() if gates_override is None else gates_override
+        student = self.hidden(input_ids, position_ids, teacher_gating.student(gates))
+        distill = distill_sum(teacher, student, positions) * scale
+        reg = l1_mean(self.gates())
+        return distill + self.reg * reg, distill.detach(), reg.detach()

@@ -1,0 +1,81 @@
+"""Turning trained gates into profile scores, with ties resolved by measurement (beyond upstream).
+
+Upstream clamps gates to [0, 1], so several heads can end exactly at 1.0 (on the demo model 3-4
+gates ended >= 0.998 while only 2 KV heads carry retrieval). The runtime breaks ties by index,
+which at high sparsity can stream a retrieval head and keep a useless one.
+
+`method: gates` keeps upstream's scores (the clamped gates). `method: measured` re-orders the
+top `max_candidates` heads by greedy forward selection on held-out calibration samples: starting
+from every head streaming, it repeatedly keeps full the candidate whose addition gives the lowest
+distillation loss (hard gates: 1 for kept heads, 0 for the rest). The candidates then receive
+the candidates' gate values in that order (made strictly decreasing by 1e-4 steps), so scores stay
+gate values and the runtime's sparsity rule picks the measured heads first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def tie_groups(gates: list[float], tie: float) -> list[list[int]]:
+    """Flat head indices grouped by gates within `tie` of their neighbour (sorted descending)."""
+    order = sorted(range(len(gates)), key=lambda i: -gates[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and gates[groups[-1][-1]] - gates[i] <= tie:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def candidates(gates: list[float], limit: int) -> list[int]:
+    """The `limit` highest gates (descending, ties by index)."""
+    return sorted(range(len(gates)), key=lambda i: (-gates[i], i))[:limit]
+
+
+def assign_scores(gates: list[float], order: list[int], step: float = 1e-4) -> list[float]:
+    """Give the heads in `order` (most important first) their sorted gate values, strictly decreasing."""
+    values = sorted((gates[i] for i in order), reverse=True)
+    scores = list(gates)
+    ceiling = float("inf")
+    for head, value in zip(order, values):
+        value = min(value, ceiling - step)
+        scores[head] = max(0.0, value)
+        ceiling = value
+    return scores
+
+
+def rank_heads(recipe, engine, raw: torch.Tensor, tokenizer, pad: int, world: int, rank: int,
+               sequence_parallel: bool) -> tuple[list[list[float]], dict[str, Any]]:
+    """(scores [layers][KV heads], description for the profile's source)."""
+    gates = raw.clamp(0, 1)
+    flat = [float(g) for g in gates.flatten().tolist()]
+    kv = gates.shape[1]
+    info: dict[str, Any] = {"method": recipe.ranking.method, "tied_at_top": len(tie_groups(flat, recipe.ranking.tie)[0])}
+    if recipe.ranking.method == "gates":
+        return gates.tolist(), info
+    from duocal.calibrate.measure import PlanLoss
+
+    r = recipe.ranking
+    pool = candidates(flat, min(r.max_candidates, len(flat)))
+    measure = PlanLoss(recipe, engine, tokenizer, pad, world, rank, sequence_parallel)
+    chosen: list[int] = []
+    losses: list[float] = []
+    remaining = list(pool)
+    while remaining:
+        trials = [measure(chosen + [h], len(flat)) for h in remaining]
+        best = min(range(len(remaining)), key=lambda i: (trials[i], i))
+        chosen.append(remaining.pop(best))
+        losses.append(trials[best])
+    scores = assign_scores(flat, chosen)
+    info.update({
+        "candidates": len(pool),
+        "order": [[h // kv, h % kv] for h in chosen],
+        "loss_when_kept_full": [round(l, 6) for l in losses],
+        "samples": r.samples,
+        "seed": r.seed,
+    })
+    return [scores[i * kv : (i + 1) * kv] for i in range(gates.shape[0])], info

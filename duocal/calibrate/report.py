@@ -1,0 +1,47 @@
+"""What a calibration run leaves behind: the profile, the heatmap, the resolved config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import duocal_runtime as dr
+from duocal.calibrate.recipe import Recipe
+
+
+def make_profile(recipe: Recipe, name: str, config, raw_gates: torch.Tensor, scores: list[list[float]],
+                 ranking: dict[str, Any], final: dict[str, Any], seconds: float, world: int) -> dr.Profile:
+    shape = dr.shape_of_config(config)
+    architectures = getattr(config, "architectures", None) or [None]
+    info = dr.ModelInfo(shape, name, recipe.model.revision, architectures[0])
+    source = {
+        "kind": "calibration",
+        "method": "DuoAttention gates (arXiv 2410.10819), duocal calibrate",
+        "gates": [[round(float(g), 6) for g in row] for row in raw_gates.tolist()],
+        "ranking": ranking,
+        "final": {k: final.get(k) for k in ("step", "distill_loss", "reg_loss", "lr")},
+        "seconds": round(seconds, 1),
+        "processes": world,
+        "recipe": {k: v for k, v in recipe.to_dict().items() if k != "source"},
+    }
+    a, d = recipe.attention, recipe.deploy
+    deploy = dr.DeployDefaults(sparsity=d.sparsity, policy="sink_window", sink=d.sink or a.sink,
+                               recent=d.recent or a.recent)
+    return dr.Profile(info, scores, source, deploy)
+
+
+def heatmap(profile: dr.Profile, path: Path, title: str) -> Path:
+    from duocal.plots import scores_heatmap
+
+    return scores_heatmap(profile, path, title=title, label="score (gate)")
+
+
+def write_outputs(recipe: Recipe, output: Path, config, raw_gates, scores, ranking, final, seconds, world) -> Path:
+    from duocal.calibrate.run import model_name
+
+    profile = make_profile(recipe, model_name(recipe), config, raw_gates, scores, ranking, final, seconds, world)
+    path = dr.save_profile(profile, output / "profile.json")
+    heatmap(profile, output / "gates.png", f"{profile.model.name_or_path}: calibrated gates ({final.get('step')} steps)")
+    return path
