@@ -60,11 +60,14 @@ def process_group():
 
 
 def shutdown() -> None:
+    """barrier + destroy, through deepspeed.comm so DeepSpeed forgets its cached groups too
+    (a second run in the same process would otherwise use the destroyed ones)."""
+    import deepspeed.comm as ds_comm
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        ds_comm.destroy_process_group()
 
 
 def deepspeed_config(section, micro_batch: int, accumulation: int, world: int, dtype: str, gates: int) -> dict[str, Any]:

@@ -1,0 +1,127 @@
+"""Benchmark: cost of one calibration step against a plain forward+backward of the same model.
+
+    OMP_NUM_THREADS=1 python -m duocal.calibrate.bench_step [--model demo] [--contexts 1024,4096] [--json out.json]
+
+Same model, same tokens (one passkey sample per context, batch 1), medians of `--repeat` runs
+after a warm-up, one torch thread. Rows:
+
+- `plain fwd+bwd (LM)`: the causal LM with trainable weights, cross-entropy on every token,
+  `loss.backward()`: the step of ordinary training (the baseline of the ratios);
+- `plain fwd+bwd (decoder)`: the same without the LM head (what calibration runs);
+- `calibration fwd+bwd`: `GateObjective`: teacher pass (no grad) + gated student pass with
+  blocked streaming attention + loss, backward to the gates;
+- `calibration step`: the same through a one-process DeepSpeed engine, optimiser step included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def median_seconds(fn, repeat: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        tic = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - tic)
+    return statistics.median(times)
+
+
+def bench(model_name: str, contexts: list[int], repeat: int, sink: int, recent: int, block: int) -> list[dict]:
+    from duocal.calibrate import engine as ds
+    from duocal.calibrate.batches import StepData, make_generator
+    from duocal.calibrate.gated_attention import Gating, install, uninstall
+    from duocal.calibrate.gates import Gates
+    from duocal.calibrate.objective import GateObjective
+    from duocal.calibrate.recipe import load_recipe
+    from duocal.calibrate.run import load_config_and_tokenizer, load_model
+
+    rows = []
+    for context in contexts:
+        recipe = load_recipe(None, [f"model.name_or_path={model_name}", f"data.context={context}"])
+        _, tokenizer = load_config_and_tokenizer(recipe)
+        data = StepData(make_generator(recipe.data, tokenizer), tokenizer.pad_token_id or 0, 1, 1)
+        micro = data.micro_batches(0, 0)[0]
+        model = load_model(recipe)
+        ids = micro.input_ids
+
+        for p in model.parameters():
+            p.requires_grad_(True)
+
+        def plain_lm():
+            model.zero_grad(set_to_none=True)
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+        def plain_decoder():
+            model.zero_grad(set_to_none=True)
+            model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state.pow(2).mean().backward()
+
+        times = {"plain fwd+bwd (LM)": median_seconds(plain_lm, repeat),
+                 "plain fwd+bwd (decoder)": median_seconds(plain_decoder, repeat)}
+        previous = install(model)
+        config = model.config
+        gates = Gates(config.num_hidden_layers, config.num_key_value_heads)
+        objective = GateObjective(model.get_decoder(), gates, Gating(sink, recent, block), reg=0.05)
+
+        def calibration():
+            gates.zero_grad(set_to_none=True)
+            objective(micro.input_ids, micro.position_ids, micro.positions, micro.scale)[0].backward()
+
+        times["calibration fwd+bwd"] = median_seconds(calibration, repeat)
+        with ds.process_group():
+            cfg = ds.deepspeed_config(recipe.deepspeed, 1, 1, 1, "float32", gates.weight.numel())
+            engine = ds.initialize(objective, cfg, 0.02, (0.9, 0.999))
+
+            def step():
+                loss = engine(micro.input_ids, micro.position_ids, micro.positions, micro.scale)[0]
+                engine.backward(loss)
+                engine.step()
+
+            times["calibration step"] = median_seconds(step, repeat)
+        uninstall(model, previous)
+        base = times["plain fwd+bwd (LM)"]
+        for name, seconds in times.items():
+            rows.append({"context": context, "tokens": int(ids.numel()), "what": name, "seconds": round(seconds, 5),
+                         "ratio": round(seconds / base, 3)})
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m duocal.calibrate.bench_step", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="demo")
+    parser.add_argument("--contexts", default="1024,4096")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--sink", type=int, default=16)
+    parser.add_argument("--recent", type=int, default=64)
+    parser.add_argument("--block", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = bench(args.model, [int(c) for c in args.contexts.split(",")], args.repeat, args.sink, args.recent, args.block)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"calibration step vs plain forward+backward ({args.model}, {args.threads} thread)")
+    for column in ("context", "tokens", "what", "ms", "x plain (LM)"):
+        table.add_column(column, justify="left" if column == "what" else "right")
+    for r in rows:
+        table.add_row(str(r["context"]), str(r["tokens"]), r["what"], f"{1000 * r['seconds']:.1f}", f"{r['ratio']:.2f}")
+    Console().print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"model": args.model, "threads": args.threads, "sink": args.sink,
+                                         "recent": args.recent, "block": args.block, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
