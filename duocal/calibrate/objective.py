@@ -23,15 +23,20 @@ class GateObjective(nn.Module):
     (`model.model`): the loss is on final hidden states, logits are never computed.
     """
 
-    def __init__(self, decoder: nn.Module, gates: Gates, gating: Gating, reg: float):
+    def __init__(self, decoder: nn.Module, gates: Gates, gating: Gating, reg: float, checkpointing: bool = False):
         super().__init__()
         self.decoder, self.gates, self.gating, self.reg = decoder, gates, gating, reg
+        self.checkpointing = checkpointing
         for p in self.decoder.parameters():
             p.requires_grad_(False)
+        if checkpointing:
+            # transformers recomputes a layer only in training mode; the supported families have
+            # no dropout outside attention, and the calibration attention applies none.
+            decoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
     def train(self, mode: bool = True):
         super().train(mode)
-        self.decoder.eval()  # frozen: no dropout, whatever DeepSpeed asks
+        self.decoder.train(mode and self.checkpointing)  # frozen: eval (no dropout) unless recomputing layers
         return self
 
     def hidden(self, input_ids, position_ids, gating: Gating) -> torch.Tensor:

@@ -60,6 +60,7 @@ class TrainSection:
     betas: Any = (0.9, 0.999)
     seed: int = 0
     threads: int | None = 1  # torch intra-op threads per process (None: leave torch's default)
+    activation_checkpointing: bool = False  # recompute decoder layers in backward (long contexts)
 
 
 @dataclass

@@ -160,7 +160,7 @@ def _calibrate(recipe: Recipe, output: Path, resume: bool, rank: int, world: int
     a = recipe.attention
     gating = Gating(a.sink, a.recent, a.block, sequence_parallel=sequence_parallel)
     gates = Gates(shape.num_hidden_layers, kv_heads, recipe.train.init)
-    objective = GateObjective(model.get_decoder(), gates, gating, recipe.train.reg)
+    objective = GateObjective(model.get_decoder(), gates, gating, recipe.train.reg, recipe.train.activation_checkpointing)
     t = recipe.train
     pad = checked.tokenizer.pad_token_id if checked.tokenizer.pad_token_id is not None else 0
     data = StepData(checked.generator, pad, t.batch_size, t.micro_batch_size, world, sequence_parallel is not None)
