@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from duocal.calibrate.batches import StepData, make_generator
-from duocal.calibrate.gated_attention import GATING_KWARG, Gating
+from duocal.calibrate.gated_attention import Gating
 from duocal.calibrate.loss import distill_sum
 
 
@@ -22,7 +22,9 @@ class PlanLoss:
         samples += (-samples) % (1 if sequence_parallel else world)
         data = StepData(make_generator(recipe.data, tokenizer, seed=r.seed), pad, samples, 1, world, sequence_parallel)
         self.objective = engine.module
-        self.shape = self.objective.gates.weight.shape
+        weight = self.objective.gates.weight
+        self.shape = tuple(getattr(weight, "ds_shape", weight.shape))  # ZeRO-3 keeps a [0] placeholder
+        self.device = weight.device
         self.batches = [m.to(engine.device) for m in data.micro_batches(0, rank)]
         self.norm = world * data.accumulation
         self.teachers: list[tuple[torch.Tensor, dict]] = []
@@ -37,7 +39,7 @@ class PlanLoss:
     def __call__(self, full_heads: list[int], num_heads: int) -> float:
         gates = torch.zeros(num_heads)
         gates[list(full_heads)] = 1.0
-        gates = gates.view(self.shape).to(self.objective.gates.weight.device)
+        gates = gates.view(self.shape).to(self.device)
         total = torch.zeros((), dtype=torch.float64)
         for m, (teacher, gating) in zip(self.batches, self.teachers):
             student = self.objective.hidden(m.input_ids, m.position_ids, gating.student(gates))
