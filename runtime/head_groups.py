@@ -190,6 +190,7 @@ class H2OGroup(HeadGroup):
     over the query heads of the KV group. A pass appends its tokens, attends over everything
     stored (causally within the pass), adds each query's probabilities to the scores, then
     evicts down to the budget. `rank` and `score` are [B, G, S]: each head keeps its own set.
+    A decode step needs no copy: the new token overwrites the evicted slot (slots are unordered).
     """
 
     policy: H2O | SinkH2O
@@ -209,6 +210,8 @@ class H2OGroup(HeadGroup):
             self.k, self.v = k[:, :, :0], v[:, :, :0]
             self.rank = k.new_zeros(b, g, 0, dtype=torch.long)
             self.score = k.new_zeros(b, g, 0, dtype=torch.float32)
+        elif t == 1 and step.all_valid:
+            return self._decode_one(q, k, v, step)
         prev = self.k.shape[2]
         self.k, self.v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
         self.rank = torch.cat([self.rank, step.new_ranks[:, None, :].expand(b, g, t)], dim=2)
@@ -216,6 +219,35 @@ class H2OGroup(HeadGroup):
         out = self._attend_and_score(q, prev, step)
         self._evict(step.real_after)
         return out
+
+    def _decode_one(self, q, k, v, step):
+        """One new token: attend over stored + new, score, then overwrite the evicted slot in place."""
+        qg = K.gqa_queries(q, self.num_kv).float()  # [B, G, R, D]
+        stored = torch.matmul(qg, self.k.float().transpose(-1, -2)) * step.scaling  # [B, G, R, S]
+        stored = stored.masked_fill((self.rank < 0)[:, :, None, :], float("-inf"))
+        new = (qg * k.float()).sum(-1, keepdim=True) * step.scaling  # [B, G, R, 1]
+        probs = torch.softmax(torch.cat([stored, new], dim=-1), dim=-1)
+        old_p, new_p = probs[..., :-1], probs[..., -1:]
+        out = torch.matmul(old_p.to(self.v.dtype), self.v) + new_p.to(v.dtype) * v
+        mass = probs.sum(2)  # [B, G, S + 1]: summed over the group's query heads
+        self.score += mass[..., :-1]
+        if self.k.shape[2] < self.policy.budget and bool((self.rank >= 0).all(-1).any()):
+            self._grow_one_slot()
+        priority = K.h2o_priority(self.score, self.rank, step.real_after, self.sink, self.policy.recent)
+        slot = priority.argmin(-1, keepdim=True)  # an empty slot, else the lowest-scoring evictable token
+        index = slot[..., None].expand(-1, -1, 1, self.k.shape[3])
+        self.k.scatter_(2, index, k)
+        self.v.scatter_(2, index, v)
+        self.rank.scatter_(2, slot, step.new_ranks[:, None, :].expand_as(slot))
+        self.score.scatter_(2, slot, mass[..., -1:])
+        return K.gqa_outputs(out, q.shape[1])
+
+    def _grow_one_slot(self):
+        b, g, _, d = self.k.shape
+        self.k = torch.cat([self.k, self.k.new_zeros(b, g, 1, d)], dim=2)
+        self.v = torch.cat([self.v, self.v.new_zeros(b, g, 1, d)], dim=2)
+        self.rank = torch.cat([self.rank, self.rank.new_full((b, g, 1), -1)], dim=2)
+        self.score = torch.cat([self.score, self.score.new_zeros(b, g, 1)], dim=2)
 
     def _attend_and_score(self, q, prev, step):
         t = q.shape[2]
