@@ -93,6 +93,14 @@ def test_same_seed_same_samples_other_seed_differs(chars):
     assert a[0].input_ids != a[1].input_ids
 
 
+def test_a_chosen_length_keeps_the_drawn_passkeys(chars):
+    gen = PasskeyGenerator(chars, context_length=(200, 400), num_passkeys=(1, 6), format="demo", seed=2)
+    for i in range(5):
+        drawn, chosen = gen[i], gen.sample(i, context_length=333)
+        assert len(chosen) == 333
+        assert [(n.key, n.value) for n in chosen.needles] == [(n.key, n.value) for n in drawn.needles]
+
+
 def test_samples_are_the_same_on_every_machine(chars):
     # A fingerprint of seed 0's first samples: changes only if the sampling algorithm changes.
     gen = PasskeyGenerator(chars, context_length=(64, 256), num_passkeys=(1, 3), format="demo", questions="all")
@@ -238,3 +246,13 @@ def test_bad_formats_are_errors():
         PasskeyFormat(needle="{key}{value}", question="{value} {key}", values=("a",), value_length=1)
     with pytest.raises(ValueError, match="distinct"):
         PasskeyFormat(needle="{key}{value}", question="{key}{value}", values=("a", "b"), value_length=3, distinct=True)
+
+
+def test_needle_starts_keep_order_room_and_depth():
+    from duocal.data.passkey import needle_starts
+
+    assert needle_starts([0.0], [8], 100) == [0]
+    assert needle_starts([1.0], [8], 100) == [100]  # ends exactly at the end of the context
+    assert needle_starts([0.5, 0.5], [8, 8], 100) == [54, 62]  # the second is pushed past the first
+    assert needle_starts([1.0, 1.0], [8, 8], 100) == [100, 108]  # the first is pushed left to leave room
+    assert needle_starts([0.0, 0.0, 1.0], [5, 5, 5], 0) == [0, 5, 10]  # no filler: back to back

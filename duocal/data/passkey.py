@@ -147,35 +147,39 @@ class PasskeyGenerator:
         haystack: Haystack = load_haystack(self.haystack, self.text_field)
         self._pool = haystack.token_pool(self.tokenizer, max(self.pool_tokens, self.context_length[1]))
         # Fail now, not in the middle of a training run: the largest sample in the smallest context.
-        self._build(0, self.context_length[0], self.num_passkeys[1])
+        self._build(random.Random(f"duocal-passkey-probe:{self.seed}"), self.context_length[0], self.num_passkeys[1])
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
 
     def __getitem__(self, index: int) -> PasskeySample:
+        return self.sample(index)
+
+    def sample(self, index: int, context_length: int | None = None) -> PasskeySample:
+        """Sample ``index`` of this seed; ``context_length`` replaces the drawn length (e.g. one per batch)."""
         if index < 0:
             raise IndexError("sample indices start at 0")
         rng = random.Random(f"duocal-passkey:{self.seed}:{index}")
-        return self._build(rng, rng.randint(*self.context_length), rng.randint(*self.num_passkeys))
+        length = rng.randint(*self.context_length)
+        return self._build(rng, length if context_length is None else context_length, rng.randint(*self.num_passkeys))
 
-    def samples(self, count: int, start: int = 0) -> Iterator[PasskeySample]:
-        return (self[i] for i in range(start, start + count))
+    def samples(self, count: int, start: int = 0, context_length: int | None = None) -> Iterator[PasskeySample]:
+        return (self.sample(i, context_length) for i in range(start, start + count))
 
     def _draw(self, rng: random.Random, count: int) -> tuple[list[str], list[str]]:
         fmt = self.format
         key_pool = list(fmt.keys) if fmt.keys is not None else list(fmt.values)
         keys = rng.sample(key_pool, count)
         if fmt.distinct:
-            free = [v for v in fmt.values if v not in set(keys)]
+            taken = set(keys)
+            free = [v for v in fmt.values if v not in taken]
             symbols = rng.sample(free, count * fmt.value_length)
         else:
             symbols = [rng.choice(fmt.values) for _ in range(count * fmt.value_length)]
         n = fmt.value_length
         return keys, [fmt.joiner.join(symbols[i * n : (i + 1) * n]) for i in range(count)]
 
-    def _build(self, rng: random.Random | int, length: int, count: int) -> PasskeySample:
-        if isinstance(rng, int):
-            rng = random.Random(f"duocal-passkey-probe:{self.seed}:{rng}")
+    def _build(self, rng: random.Random, length: int, count: int) -> PasskeySample:
         fmt = self.format
         keys, values = self._draw(rng, count)
         depths = sorted(rng.uniform(*self.depth) for _ in range(count))
@@ -190,14 +194,7 @@ class PasskeyGenerator:
                 f"{count} passkeys need {fixed} tokens with this tokenizer and format, but the context is "
                 f"{length} tokens: raise context_length or lower num_passkeys"
             )
-        # Needle i starts at round(depth_i * room) tokens into the context, pushed right past the
-        # previous needle and left so the rest still fit.
-        lengths = [len(b[0]) for b in needles]
-        starts, cursor, rest = [], 0, sum(lengths)
-        for d, n in zip(depths, lengths):
-            start = min(max(round(d * (filler + sum(lengths) - n)), cursor), filler + sum(lengths) - rest)
-            starts.append(start)
-            cursor, rest = start + n, rest - n
+        starts = needle_starts(depths, [len(b[0]) for b in needles], filler)
         hay = self._window(rng, filler)
         ids: list[int] = list(self._head)
         kinds: list[int] = [TokenKind.PROMPT] * len(ids)
@@ -244,6 +241,22 @@ class PasskeyGenerator:
         while len(out) < count:  # a short haystack repeats
             out += pool[: count - len(out)]
         return out
+
+
+def needle_starts(depths: Sequence[float], lengths: Sequence[int], filler: int) -> list[int]:
+    """Start of each needle, in tokens from the start of the context (after the prefix).
+
+    depths: sorted, in [0, 1]; lengths: tokens of each needle; filler: haystack tokens around them.
+    Needle i starts at ``round(depth_i * (room - length_i))`` (depth 1 ends the needle at the end of
+    the context), pushed right past the previous needle and left so the later ones still fit.
+    """
+    room = filler + sum(lengths)
+    starts, cursor, rest = [], 0, sum(lengths)
+    for depth, length in zip(depths, lengths):
+        start = min(max(round(depth * (room - length)), cursor), room - rest)
+        starts.append(start)
+        cursor, rest = start + length, rest - length
+    return starts
 
 
 def _range(name: str, value: int | Sequence[int], minimum: int) -> tuple[int, int]:
