@@ -124,7 +124,8 @@ class Metrics:
                 f.write(json.dumps(record) + "\n")
 
 
-def progress_bar(active: bool, total: int, done: int):
+def progress_bar(active: bool):
+    """Rank 0's bar: step, losses and lr of the last step, elapsed time and ETA."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     return Progress(
@@ -171,7 +172,7 @@ def _calibrate(recipe: Recipe, output: Path, resume: bool, rank: int, world: int
     metrics = Metrics(output / "metrics.jsonl", start, rank == 0)
     last: dict[str, float] = {}
     begun = time.perf_counter()
-    with progress_bar(rank == 0, t.steps, start) as bar:
+    with progress_bar(rank == 0) as bar:
         task = bar.add_task("calibrate", total=t.steps, completed=start, losses="")
         for step in range(start, t.steps):
             tic = time.perf_counter()
