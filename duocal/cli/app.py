@@ -2,6 +2,7 @@
 
 import typer
 
+from .eval import eval_app
 from .profiles import profiles_app
 from . import profiles_remote  # noqa: F401,E402  registers `profiles list | pull | push` on profiles_app
 
@@ -14,3 +15,4 @@ app = typer.Typer(
 )
 app.add_typer(profiles_app, name="profiles")
 from . import calibrate as _calibrate  # noqa: E402,F401  registers `duocal calibrate` on app
+app.add_typer(eval_app, name="eval")

@@ -1,0 +1,16 @@
+"""Evaluation: passkey retrieval through the per-head KV cache, and where retrieval happens."""
+
+from duocal.eval.passkey import (
+    POLICIES,
+    PasskeyEvalConfig,
+    PasskeyRow,
+    evaluate_passkey,
+    load_model,
+    load_tokenizer,
+)
+from duocal.eval.retrieval_heads import find_retrieval_heads, flat_indices, needle_attention, top_heads
+
+__all__ = [
+    "POLICIES", "PasskeyEvalConfig", "PasskeyRow", "evaluate_passkey", "find_retrieval_heads", "flat_indices",
+    "load_model", "load_tokenizer", "needle_attention", "top_heads",
+]

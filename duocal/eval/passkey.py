@@ -1,0 +1,370 @@
+"""Passkey retrieval through the per-head KV cache, for several policies at matching KV budgets.
+
+Every row is greedy exact match: the model generates as many tokens as the answer has, under
+`model.generate()` with a `DuoCache` from `duocal_runtime.apply`, so evicted tokens are really
+gone (not masked). All policies see the same samples (one generator per context, same seed).
+
+| policy      | plan                                                     | sparsity  |
+|-------------|----------------------------------------------------------|-----------|
+| `full`      | every head full (the reference)                          | 0         |
+| `duo`       | the profile at that sparsity: its lowest-scoring heads on sink + recent (DuoAttention, arXiv 2410.10819) | each |
+| `streaming` | every head on sink + recent (StreamingLLM, arXiv 2309.17453) | 1     |
+| `h2o`       | every head on H2O (arXiv 2306.14048), with the KV bytes of `duo` at that sparsity | each |
+| `random`    | that many heads chosen at random on sink + recent; several seeds, mean / min / max | each |
+
+`h2o` and `random` do not need a profile: any plan with the same number of sink + recent heads
+has the same KV bytes. KV bytes are analytic (`Plan.kv_bytes` at the context length, one
+sequence, the model's dtype) and measured (`DuoCache.kv_bytes()` at the end of generation, per
+sequence, including the slack of growing full-head buffers and left padding).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import duocal_runtime as dr
+from duocal.data import PasskeyGenerator, PasskeySample
+from duocal.demo import DEMO_MODEL_DIR, DEMO_PASSKEY_FORMAT
+from duocal_runtime.hf_compat import check_model_supported
+
+POLICIES = ("full", "duo", "streaming", "h2o", "random")
+# Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
+DEFAULT_SEED = 7777
+DEFAULT_WINDOW = dr.SinkWindow()
+
+Progress = Callable[[int, int, str], None]  # (sequences done, sequences in all, what is running)
+
+
+@dataclass(frozen=True)
+class PasskeyEvalConfig:
+    """What to evaluate. Sizes are tokens; `sink` / `recent` default to the profile's deploy sizes
+    (else 64 / 256, upstream DuoAttention's deployment window)."""
+
+    policies: tuple[str, ...] = POLICIES
+    sparsities: tuple[float, ...] = (0.25, 0.5, 0.75)
+    contexts: tuple[int, ...] = (512, 1024)
+    samples: int = 40
+    seed: int = DEFAULT_SEED
+    sink: int | None = None
+    recent: int | None = None
+    random_seeds: int = 3
+    batch_size: int = 8
+    format: str = DEMO_PASSKEY_FORMAT
+    num_passkeys: int | tuple[int, int] = (1, 6)
+    haystack: Any = "synthetic"
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        set_("policies", tuple(self.policies))
+        set_("sparsities", tuple(float(s) for s in self.sparsities))
+        set_("contexts", tuple(int(c) for c in self.contexts))
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if unknown or not self.policies:
+            raise ValueError(f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}; "
+                             f"choose from {', '.join(POLICIES)}")
+        if len(set(self.policies)) != len(self.policies):
+            raise ValueError(f"policy given twice: {', '.join(self.policies)}")
+        bad = [s for s in self.sparsities if not 0.0 <= s <= 1.0]
+        if bad or (not self.sparsities and any(p in self.policies for p in ("duo", "h2o", "random"))):
+            raise ValueError(f"sparsity must be in [0, 1] (fraction of KV heads made non-retrieval), got "
+                             f"{', '.join(map(str, bad)) or 'none'}")
+        if not self.contexts or any(c < 1 for c in self.contexts):
+            raise ValueError(f"contexts must be positive token counts, got {list(self.contexts)}")
+        for name in ("samples", "random_seeds", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("sink", "recent"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive number of tokens, got {value}")
+
+    def window(self, profile: dr.Profile | None) -> dr.SinkWindow:
+        """The sink + recent policy of streaming heads: given sizes, else the profile's, else 64 / 256."""
+        d = profile.deploy if profile is not None else DEFAULT_WINDOW
+        return dr.SinkWindow(sink=self.sink or d.sink, recent=self.recent or d.recent)
+
+
+@dataclass
+class PasskeyRow:
+    """One (policy, context, sparsity): exact match and KV bytes per sequence."""
+
+    policy: str
+    context: int
+    sparsity: float  # requested fraction of non-full KV heads (0 for full, 1 for streaming)
+    exact_match: float  # mean over samples (and seeds, for random)
+    kv_bytes: int  # analytic, at `context` tokens, batch 1, model dtype (mean over seeds for random)
+    kv_bytes_measured: int  # held by the cache at the end of generation, per sequence
+    kv_bytes_full: int
+    fraction_of_full: float
+    samples: int
+    streaming_heads: int
+    num_heads: int
+    head_policy: dict[str, Any] | None  # the non-full policy and its sizes
+    seconds: float
+    seeds: list[int] | None = None  # random only
+    per_seed: list[float] | None = None
+    min: float | None = None
+    max: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
+        return {**data, **self.extra}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The plans behind one row: one plan, or one per seed (random)."""
+
+    policy: str
+    sparsity: float
+    plans: tuple[dr.Plan, ...]
+    seeds: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Batch:
+    input_ids: torch.Tensor  # [B, T] left-padded prompts
+    attention_mask: torch.Tensor  # [B, T]
+    answers: tuple[tuple[int, ...], ...]
+
+
+# --- checks ---------------------------------------------------------------------------------
+def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile | None = None,
+               tokenizer=None) -> None:
+    """Raise `ValueError` if the options do not fit this model (and, given its tokenizer, if the
+    passkeys do not fit every context): cheap, so it can run before the weights are loaded."""
+    check_model_supported(model_config)
+    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    limit = getattr(text_config, "max_position_embeddings", None)
+    too_long = [c for c in config.contexts if limit is not None and c > limit]
+    if too_long:
+        raise ValueError(f"context {too_long[0]} is beyond the model's max_position_embeddings ({limit}); "
+                         "evaluate at most that many tokens")
+    if "duo" in config.policies and profile is None:
+        raise ValueError("policy 'duo' needs a profile of this model: pass --profile (a file or prebuilt name, "
+                         "see duocal profiles list), or leave 'duo' out of --policies")
+    if profile is not None:
+        profile.check_compatible(model_config)
+    if tokenizer is not None:
+        for context in config.contexts:
+            passkey_generator(tokenizer, context, config)  # checks the largest sample fits
+
+
+# --- data -----------------------------------------------------------------------------------
+def passkey_generator(tokenizer, context: int, config: PasskeyEvalConfig) -> PasskeyGenerator:
+    """Samples of exactly `context` tokens with one question each (the demo recipe's final eval)."""
+    return PasskeyGenerator(
+        tokenizer, context_length=context, num_passkeys=config.num_passkeys, questions="one",
+        haystack=config.haystack, format=config.format, seed=config.seed,
+    )
+
+
+def make_samples(tokenizer, context: int, config: PasskeyEvalConfig) -> list[PasskeySample]:
+    return list(passkey_generator(tokenizer, context, config).samples(config.samples))
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts -> (input_ids [B, T_max], attention_mask [B, T_max]), padded on the left."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        if prompt:
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+    return ids, mask
+
+
+def make_batches(samples: Sequence[PasskeySample], batch_size: int, pad_id: int) -> list[Batch]:
+    out = []
+    for i in range(0, len(samples), batch_size):
+        chunk = samples[i : i + batch_size]
+        ids, mask = left_pad([s.prompt_ids for s in chunk], pad_id)
+        out.append(Batch(ids, mask, tuple(s.answer_ids for s in chunk)))
+    return out
+
+
+# --- plans ----------------------------------------------------------------------------------
+def streaming_count(shape: dr.ModelShape, sparsity: float) -> int:
+    """KV heads made non-retrieval at `sparsity` (the runtime's rule: round(sparsity * heads))."""
+    return round(sparsity * shape.num_kv_heads_total)
+
+
+def matched_tokens(shape: dr.ModelShape, sparsity: float, window: dr.SinkWindow, context: int) -> int:
+    """Cached (token, KV head) pairs of any plan with `sparsity` of its heads on `window`, the rest full."""
+    heads = set(range(streaming_count(shape, sparsity)))
+    return dr.plan_from_streaming_set(shape, heads, window).kv_tokens(context)
+
+
+def duo_plan(profile: dr.Profile, sparsity: float, window: dr.SinkWindow) -> dr.Plan:
+    return dr.plan(profile, sparsity=sparsity, policy="sink_window", sink=window.sink, recent=window.recent)
+
+
+def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
+    """H2O on every head, each keeping `tokens // heads` (half heavy hitters, half recent, as in
+    the H2O paper), so the plan holds at most `tokens` (token, head) pairs at `context`."""
+    budget = max(2, min(context, tokens // shape.num_kv_heads_total))
+    recent = budget // 2
+    return dr.uniform_plan(shape, dr.H2O(heavy=budget - recent, recent=recent))
+
+
+def random_plans(shape: dr.ModelShape, sparsity: float, window: dr.SinkWindow,
+                 seeds: Sequence[int]) -> tuple[dr.Plan, ...]:
+    """For each seed, `streaming_count` heads drawn uniformly on `window`, the rest full."""
+    count, heads = streaming_count(shape, sparsity), range(shape.num_kv_heads_total)
+    return tuple(
+        dr.plan_from_streaming_set(shape, set(random.Random(f"duocal-eval-random:{seed}").sample(heads, count)), window)
+        for seed in seeds
+    )
+
+
+def build_variants(shape: dr.ModelShape, config: PasskeyEvalConfig, context: int, window: dr.SinkWindow,
+                   profile: dr.Profile | None = None, plans: Mapping[str, dr.Plan] | None = None) -> list[Variant]:
+    """Every row's plans at one context, in the order of `config.policies`, then `plans`."""
+    out: list[Variant] = []
+    for policy in config.policies:
+        if policy == "full":
+            out.append(Variant("full", 0.0, (dr.uniform_plan(shape, dr.Full()),)))
+        elif policy == "streaming":
+            out.append(Variant("streaming", 1.0, (dr.uniform_plan(shape, window),)))
+        else:
+            for s in config.sparsities:
+                if policy == "duo":
+                    out.append(Variant("duo", s, (duo_plan(profile, s, window),)))
+                elif policy == "h2o":
+                    out.append(Variant("h2o", s, (h2o_plan(shape, matched_tokens(shape, s, window, context), context),)))
+                else:
+                    seeds = tuple(range(config.random_seeds))
+                    out.append(Variant("random", s, random_plans(shape, s, window, seeds), seeds))
+    for name, plan in (plans or {}).items():
+        if plan.shape != shape:
+            raise ValueError(f"plan {name!r} is for {plan.shape.describe()}, the model has {shape.describe()}")
+        out.append(Variant(name, plan.sparsity, (plan,)))
+    return out
+
+
+def head_policy(plan: dr.Plan) -> dict[str, Any] | None:
+    """The first non-full policy of `plan` with its sizes (None for an all-full plan)."""
+    return next((p.to_dict() for row in plan.policies for p in row if not isinstance(p, dr.Full)), None)
+
+
+# --- running --------------------------------------------------------------------------------
+@torch.no_grad()
+def greedy_answers(model, runtime: dr.Runtime, batch: Batch, pad_id: int) -> tuple[list[tuple[int, ...]], int]:
+    """Greedy continuations (as long as each answer) through the runtime's cache, and its bytes."""
+    cache = runtime.new_cache()
+    out = model.generate(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, cache=cache, do_sample=False,
+        max_new_tokens=max(len(a) for a in batch.answers), pad_token_id=pad_id,
+    )
+    new = out[:, batch.input_ids.shape[1]:].tolist()  # [B, new tokens]
+    return [tuple(row[: len(a)]) for row, a in zip(new, batch.answers)], cache.kv_bytes()
+
+
+def run_plan(model, plan: dr.Plan, batches: Sequence[Batch], pad_id: int,
+             tick: Callable[[int], None] = lambda n: None) -> tuple[list[bool], int]:
+    """Exact match per sample, and the most KV bytes one sequence held (measured)."""
+    hits: list[bool] = []
+    measured = 0
+    with dr.apply(model, plan) as runtime:
+        for batch in batches:
+            answers, nbytes = greedy_answers(model, runtime, batch, pad_id)
+            hits += [got == want for got, want in zip(answers, batch.answers)]
+            measured = max(measured, nbytes // len(batch.answers))
+            tick(len(batch.answers))
+    return hits, measured
+
+
+def make_row(variant: Variant, context: int, results: list[tuple[list[bool], int]], dtype: Any,
+             seconds: float) -> PasskeyRow:
+    plans = variant.plans
+    full_bytes = dr.uniform_plan(plans[0].shape, dr.Full()).kv_bytes(context, 1, dtype)
+    kv_bytes = round(sum(p.kv_bytes(context, 1, dtype) for p in plans) / len(plans))
+    accuracies = [sum(hits) / len(hits) for hits, _ in results]
+    row = PasskeyRow(
+        policy=variant.policy, context=context, sparsity=variant.sparsity,
+        exact_match=sum(accuracies) / len(accuracies), kv_bytes=kv_bytes,
+        kv_bytes_measured=max(m for _, m in results), kv_bytes_full=full_bytes,
+        fraction_of_full=kv_bytes / full_bytes, samples=len(results[0][0]),
+        streaming_heads=plans[0].num_streaming, num_heads=plans[0].num_heads,
+        head_policy=head_policy(plans[0]), seconds=round(seconds, 2),
+    )
+    if variant.seeds is not None:
+        row.seeds, row.per_seed = list(variant.seeds), accuracies
+        row.min, row.max = min(accuracies), max(accuracies)
+    return row
+
+
+def pad_token_id(tokenizer, model_config) -> int:
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(model_config, "pad_token_id", None),
+                      getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(candidate, int):
+            return candidate
+    return 0
+
+
+def evaluate_passkey(model, tokenizer, config: PasskeyEvalConfig = PasskeyEvalConfig(), *,
+                     profile: dr.Profile | None = None, plans: Mapping[str, dr.Plan] | None = None,
+                     progress: Progress | None = None) -> list[PasskeyRow]:
+    """Exact-match passkey retrieval for each policy x context x sparsity (plus hand-made `plans`,
+    one row each per context, named by their key). Checks everything and builds every sample and
+    plan before the first generation."""
+    check_eval(config, model.config, profile)
+    model.eval()
+    shape = dr.shape_of_config(model.config)
+    window = config.window(profile)
+    dtype = next(model.parameters()).dtype
+    pad_id = pad_token_id(tokenizer, model.config)
+    work = []
+    for context in config.contexts:
+        batches = make_batches(make_samples(tokenizer, context, config), config.batch_size, pad_id)
+        work += [(context, v, batches) for v in build_variants(shape, config, context, window, profile, plans)]
+    total = sum(len(v.plans) for _, v, _ in work) * config.samples
+    done = 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total, label)
+
+    rows = []
+    for context, variant, batches in work:
+        label = f"{variant.policy} @ {context}" + (f", sparsity {variant.sparsity:g}" if variant.policy not in
+                                                   ("full", "streaming") else "")
+        tick(0)
+        started = time.perf_counter()
+        results = [run_plan(model, plan, batches, pad_id, tick) for plan in variant.plans]
+        rows.append(make_row(variant, context, results, dtype, time.perf_counter() - started))
+    return rows
+
+
+# --- the model ------------------------------------------------------------------------------
+def default_format(model_path: str | Path) -> str:
+    """The demo model's own passkey format for the demo model, the classic digits task otherwise."""
+    try:
+        is_demo = Path(model_path).resolve() == DEMO_MODEL_DIR.resolve()
+    except OSError:
+        is_demo = False
+    return DEMO_PASSKEY_FORMAT if is_demo else "digits"
+
+
+def load_model(model_path: str | Path):
+    """The model from a local folder or Hub name, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path).eval()
+
+
+def load_tokenizer(model_path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)

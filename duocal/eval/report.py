@@ -1,0 +1,101 @@
+"""Passkey evaluation rows for people: a rich table and a PNG of accuracy versus KV bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from duocal.eval.passkey import PasskeyRow
+
+POLICY_STYLE = {  # matplotlib colour and marker per policy; hand-made plans get the next free colour
+    "full": ("black", "*"),
+    "duo": ("tab:blue", "o"),
+    "streaming": ("tab:orange", "s"),
+    "h2o": ("tab:green", "^"),
+    "random": ("tab:red", "v"),
+}
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def exact_match_text(row: PasskeyRow) -> str:
+    text = f"{row.exact_match:.3f}"
+    if row.min is not None:
+        text += f" [{row.min:.2f}-{row.max:.2f}]"
+    return text
+
+
+def heads_text(row: PasskeyRow) -> str:
+    """'12/16 sink_window 64+256': non-full heads of all, their policy and sizes."""
+    sizes = dict(row.head_policy or {"policy": "full"})
+    name = sizes.pop("policy")
+    return f"{row.streaming_heads}/{row.num_heads} {name} {'+'.join(map(str, sizes.values()))}".rstrip()
+
+
+def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, title: str | None = None) -> None:
+    """Policy x context x sparsity -> exact match, KV bytes (analytic and measured), fraction of full."""
+    # Piped output has no terminal width; rich would fold the table into 80 columns.
+    console = console or (Console() if Console().is_terminal else Console(width=132))
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for name, justify in (("policy", "left"), ("context", "right"), ("sparsity", "right"),
+                          ("exact match", "right"), ("KV bytes", "right"), ("measured", "right"),
+                          ("of full", "right"), ("samples", "right"), ("non-full heads", "left")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for row in rows:
+        samples = f"{row.samples}x{len(row.seeds)}" if row.seeds else str(row.samples)
+        table.add_row(row.policy, str(row.context), f"{row.sparsity:g}", exact_match_text(row),
+                      human_bytes(row.kv_bytes), human_bytes(row.kv_bytes_measured),
+                      f"{row.fraction_of_full:.3f}", samples, heads_text(row))
+    console.print(table)
+
+
+def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = None) -> Path:
+    """One panel per context: exact match against analytic KV bytes, a line per policy (random
+    with its min-max over seeds as error bars). Drawn on a bare `Figure` with the Agg canvas, so
+    pyplot's global state and backend are left alone."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    contexts = sorted({r.context for r in rows})
+    policies = list(dict.fromkeys(r.policy for r in rows))
+    fig = Figure(figsize=(5 * len(contexts), 4))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(contexts), squeeze=False, sharey=True)
+    spare = iter(f"C{i}" for i in range(5, 100))
+    styles = {p: POLICY_STYLE.get(p) or (next(spare), "D") for p in policies}
+    for ax, context in zip(axes[0], contexts):
+        for policy in policies:
+            points = sorted((r for r in rows if r.context == context and r.policy == policy), key=lambda r: r.kv_bytes)
+            if not points:
+                continue
+            color, marker = styles[policy]
+            x = [r.kv_bytes / 1024 for r in points]
+            y = [r.exact_match for r in points]
+            if all(r.min is not None for r in points):
+                err = [[r.exact_match - r.min for r in points], [r.max - r.exact_match for r in points]]
+                ax.errorbar(x, y, yerr=err, color=color, marker=marker, capsize=3, label=policy)
+            else:
+                ax.plot(x, y, color=color, marker=marker, label=policy)
+        ax.set_title(f"context {context}")
+        ax.set_xlabel("KV cache per sequence (KiB)")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("passkey exact match")
+    axes[0][-1].legend(loc="lower right")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
