@@ -60,3 +60,15 @@ def test_overrides_and_unknown_keys():
         load_recipe(None, ["train.steps"])
     with pytest.raises(ValueError, match="data.depth must be a range within"):
         recipe_from_dict({"data": {"depth": [0.5, 1.5]}})
+
+
+def test_code_defaults_are_the_demo_recipe():
+    """An installed wheel has no recipes/ folder: `duocal calibrate` then runs on these defaults."""
+    from duocal.calibrate.recipe import Recipe
+
+    shipped = load_recipe(None).to_dict()
+    defaults = Recipe().to_dict()
+    for data in (shipped, defaults):
+        data.pop("source")
+        data["deepspeed"].pop("config")  # recipes/deepspeed/cpu.json only restates DeepSpeed's defaults
+    assert shipped == defaults

@@ -82,14 +82,14 @@ class RankingSection:
     tie: float = 0.01  # gates within this of each other (or of 1) count as tied
     samples: int = 8  # held-out samples on which candidate plans are measured
     seed: int = 2025
-    max_candidates: int = 16
+    max_candidates: int = 8
 
 
 @dataclass
 class DeploySection:
     sparsity: float = 0.5
-    sink: int | None = None  # None: the calibration sink
-    recent: int | None = None
+    sink: int | None = 16  # streaming heads' sizes written into the profile (None: the calibration sizes)
+    recent: int | None = 64
 
 
 @dataclass
@@ -169,7 +169,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def load_recipe(name_or_path: str | Path | None = None, overrides: list[str] = ()) -> Recipe:
-    """Read a recipe (default: the demo one), apply `key=value` overrides, validate the values."""
+    """Read a recipe (default: the demo one), apply `key=value` overrides, validate the values.
+
+    Without a recipe and without the source tree's recipes/ folder (an installed wheel), the
+    defaults of this module are used: they are the demo recipe's values.
+    """
+    if name_or_path is None and not (RECIPES_DIR / f"{DEFAULT_RECIPE}.yaml").is_file():
+        recipe = recipe_from_dict(apply_overrides({}, list(overrides)))
+        recipe.source = f"duocal.calibrate.recipe defaults ({DEFAULT_RECIPE})"
+        return recipe
     path = resolve_recipe_path(name_or_path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
