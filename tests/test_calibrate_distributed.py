@@ -50,8 +50,10 @@ def test_zero3_on_two_processes_gives_the_gates_of_one(tiny_dir, tmp_path):
 
 def test_ulysses_on_two_processes_gives_the_gates_of_one(tiny_dir, tmp_path):
     common = [f"model.name_or_path={tiny_dir}", *QUICK, "train.steps=3", "checkpoint.every=0",
-              "data.context=[150,190]"]  # longer than sink + recent: the blocked path runs
+              "data.context=[150,190]",  # longer than sink + recent: the blocked path runs
+              "ranking.method=measured", "ranking.samples=2", "ranking.max_candidates=4"]
     one, losses_one = calibrate(tmp_path / "one", *common)
     two, losses_two = calibrate(tmp_path / "two", *common, "deepspeed.sequence_parallel=2", nproc=2)
     assert close(one["source"]["gates"], two["source"]["gates"]), (one["source"]["gates"], two["source"]["gates"])
     assert losses_one == pytest.approx(losses_two, rel=1e-4, abs=1e-9)
+    assert one["source"]["ranking"]["order"] == two["source"]["ranking"]["order"]
