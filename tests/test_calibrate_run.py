@@ -90,6 +90,7 @@ def test_calibrate_writes_profile_heatmap_metrics_config(tiny_dir, tmp_path):
     assert all(0.0 <= s <= 1.0 for s in profile.flat_scores())
     assert profile.source["kind"] == "calibration" and profile.source["final"]["step"] == 3
     assert profile.source["recipe"]["train"]["steps"] == 3
+    assert profile.source["recipe"]["deepspeed"]["config"] == "recipes/deepspeed/cpu.json"  # no absolute paths
     assert (profile.deploy.sink, profile.deploy.recent) == (16, 64)  # the recipe's deploy sizes
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2, 3]

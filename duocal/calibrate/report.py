@@ -24,12 +24,24 @@ def make_profile(recipe: Recipe, name: str, config, raw_gates: torch.Tensor, sco
         "final": {k: final.get(k) for k in ("step", "distill_loss", "reg_loss", "lr")},
         "seconds": round(seconds, 1),
         "processes": world,
-        "recipe": {k: v for k, v in recipe.to_dict().items() if k != "source"},
+        "recipe": portable(recipe),
     }
     a, d = recipe.attention, recipe.deploy
     deploy = dr.DeployDefaults(sparsity=d.sparsity, policy="sink_window", sink=d.sink or a.sink,
                                recent=d.recent or a.recent)
     return dr.Profile(info, scores, source, deploy)
+
+
+def portable(recipe: Recipe) -> dict[str, Any]:
+    """The recipe for the profile's record: no machine-specific absolute paths of shipped files."""
+    from duocal.calibrate.recipe import RECIPES_DIR
+
+    data = recipe.to_dict()
+    data.pop("source", None)
+    config = data["deepspeed"].get("config")
+    if config and Path(config).is_relative_to(RECIPES_DIR):
+        data["deepspeed"]["config"] = str(Path("recipes") / Path(config).relative_to(RECIPES_DIR))
+    return data
 
 
 def heatmap(profile: dr.Profile, path: Path, title: str) -> Path:
