@@ -52,3 +52,28 @@ def test_shipped_profile_quality_on_held_out_passkeys():
     assert em[("duo", 0.5)] >= full - 0.02
     assert em[("random", 0.5)] <= full - 0.20
     assert em[("duo", 0.875)] >= 0.85
+
+
+@pytest.mark.slow
+def test_measured_ranking_resolves_saturated_gates():
+    """Beyond upstream: five gates saturated at 1.0 (three retrieval heads and two others). Upstream's
+    rule keeps the tied heads of lowest index full at 14/16 streaming heads; the measured ranking
+    keeps the two that retrieve."""
+    from duocal.calibrate.ranking import rerank_profile
+    from duocal.eval import PasskeyEvalConfig, evaluate_passkey, load_model, load_tokenizer
+
+    profile = shipped()
+    scores = [list(row) for row in profile.scores]
+    for layer, head in [(0, 3), (1, 0), (1, 1), (1, 3), (2, 1)]:
+        scores[layer][head] = 1.0
+    tied = dr.Profile(profile.model, scores, {"kind": "test"}, profile.deploy)
+    measured = rerank_profile(tied)
+    assert measured.source["reranked"]["tied_at_top"] == 5
+    window = dr.SinkWindow(sink=profile.deploy.sink, recent=profile.deploy.recent)
+    plans = {name: dr.plan(p, sparsity=14 / 16, policy="sink_window", sink=window.sink, recent=window.recent)
+             for name, p in (("upstream-ties", tied), ("measured", measured))}
+    config = PasskeyEvalConfig(policies=("full",), contexts=(1024,), samples=100, format="demo")
+    rows = evaluate_passkey(load_model(DEMO_MODEL_DIR), load_tokenizer(DEMO_MODEL_DIR), config, plans=plans)
+    em = {r.policy: r.exact_match for r in rows}
+    assert em["measured"] >= 0.85
+    assert em["measured"] >= em["upstream-ties"] + 0.2

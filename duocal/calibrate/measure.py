@@ -16,16 +16,16 @@ from duocal.calibrate.loss import distill_sum
 
 
 class PlanLoss:
-    def __init__(self, recipe, engine, tokenizer, pad: int, world: int, rank: int, sequence_parallel: bool):
+    def __init__(self, recipe, objective, device, tokenizer, pad: int, world: int, rank: int, sequence_parallel: bool):
         r = recipe.ranking
         samples = max(r.samples, 1 if sequence_parallel else world)
         samples += (-samples) % (1 if sequence_parallel else world)
         data = StepData(make_generator(recipe.data, tokenizer, seed=r.seed), pad, samples, 1, world, sequence_parallel)
-        self.objective = engine.module
+        self.objective = objective
         weight = self.objective.gates.weight
         self.shape = tuple(getattr(weight, "ds_shape", weight.shape))  # ZeRO-3 keeps a [0] placeholder
-        self.device = weight.device
-        self.batches = [m.to(engine.device) for m in data.micro_batches(0, rank)]
+        self.device = device
+        self.batches = [m.to(device) for m in data.micro_batches(0, rank)]
         self.norm = world * data.accumulation
         self.teachers: list[tuple[torch.Tensor, dict]] = []
         g = self.objective.gating

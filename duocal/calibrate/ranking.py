@@ -48,9 +48,12 @@ def assign_scores(gates: list[float], order: list[int], step: float = 1e-4) -> l
     return scores
 
 
-def rank_heads(recipe, engine, raw: torch.Tensor, tokenizer, pad: int, world: int, rank: int,
+def rank_heads(recipe, objective, device, raw: torch.Tensor, tokenizer, pad: int, world: int, rank: int,
                sequence_parallel: bool) -> tuple[list[list[float]], dict[str, Any]]:
-    """(scores [layers][KV heads], description for the profile's source)."""
+    """(scores [layers][KV heads], description for the profile's source). Collective when distributed.
+
+    `objective` is the `GateObjective` (under DeepSpeed: `engine.module`), `raw` the gates [L, G].
+    """
     gates = raw.clamp(0, 1)
     flat = [float(g) for g in gates.flatten().tolist()]
     kv = gates.shape[1]
@@ -61,7 +64,7 @@ def rank_heads(recipe, engine, raw: torch.Tensor, tokenizer, pad: int, world: in
 
     r = recipe.ranking
     pool = candidates(flat, min(r.max_candidates, len(flat)))
-    measure = PlanLoss(recipe, engine, tokenizer, pad, world, rank, sequence_parallel)
+    measure = PlanLoss(recipe, objective, device, tokenizer, pad, world, rank, sequence_parallel)
     chosen: list[int] = []
     losses: list[float] = []
     remaining = list(pool)
@@ -79,3 +82,37 @@ def rank_heads(recipe, engine, raw: torch.Tensor, tokenizer, pad: int, world: in
         "seed": r.seed,
     })
     return [scores[i * kv : (i + 1) * kv] for i in range(gates.shape[0])], info
+
+
+def rerank_profile(profile, recipe=None, overrides: list[str] = ()):
+    """Re-rank any profile of a model (a calibrated one, an imported upstream pattern) by measurement.
+
+    One process, no training: the scores play the part of the gates. Data, window and ranking
+    settings come from `recipe` (default: the demo recipe) with `key=value` overrides; the model
+    is the recipe's. Returns a new `Profile` whose source records the measured order.
+    """
+    from dataclasses import replace
+
+    from duocal.calibrate.gated_attention import Gating, install, uninstall
+    from duocal.calibrate.gates import Gates
+    from duocal.calibrate.objective import GateObjective
+    from duocal.calibrate.recipe import load_recipe
+    from duocal.calibrate.run import load_model, validate
+
+    recipe = recipe if recipe is not None and not overrides else load_recipe(recipe, list(overrides))
+    recipe.ranking.method = "measured"
+    checked = validate(recipe)
+    profile.check_compatible(checked.config)
+    model = load_model(recipe)
+    previous = install(model)
+    try:
+        shape = profile.shape
+        a = recipe.attention
+        objective = GateObjective(model.get_decoder(), Gates(shape.num_hidden_layers, shape.num_key_value_heads),
+                                  Gating(a.sink, a.recent, a.block), recipe.train.reg)
+        pad = checked.tokenizer.pad_token_id if checked.tokenizer.pad_token_id is not None else 0
+        raw = torch.tensor(profile.scores, dtype=torch.float32)
+        scores, info = rank_heads(recipe, objective, torch.device("cpu"), raw, checked.tokenizer, pad, 1, 0, False)
+    finally:
+        uninstall(model, previous)
+    return replace(profile, scores=scores, source={**profile.source, "reranked": info})

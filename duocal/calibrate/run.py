@@ -197,8 +197,8 @@ def _calibrate(recipe: Recipe, output: Path, resume: bool, rank: int, world: int
                 checkpoint.save(engine, output, step + 1, recipe.checkpoint.keep)
     clamp_trainable_(engine)
     raw = ds.read_gates(engine)
-    scores, ranking_info = ranking.rank_heads(recipe, engine, raw, checked.tokenizer, pad, world, rank,
-                                              sequence_parallel is not None)
+    scores, ranking_info = ranking.rank_heads(recipe, engine.module, engine.device, raw, checked.tokenizer, pad, world,
+                                              rank, sequence_parallel is not None)
     seconds = time.perf_counter() - begun
     path = None
     if rank == 0:
