@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli import app
+from duocal.demo import DEMO_MODEL_DIR
 from duocal.eval import passkey as pk
 from duocal.eval.passkey import PasskeyEvalConfig
 
@@ -181,3 +182,18 @@ def test_cli_profile_of_another_model(tiny_model_dir, tmp_path, monkeypatch):
     result = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_model_dir), "--profile", str(other)])
     assert result.exit_code == 1
     assert "profile is for 4 layers" in result.stderr and "2 layers" in result.stderr
+
+
+@pytest.mark.skipif(not (DEMO_MODEL_DIR / "config.json").is_file(), reason="demo model not built yet")
+def test_cli_demo_defaults(tmp_path):
+    """The demo model is the default; its shipped profile (when there is one) is the default for duo."""
+    from duocal.cli.eval import default_profile
+
+    result = runner.invoke(app, ["eval", "passkey", "--contexts", "512", "--samples", "2", "--sparsity", "0.5",
+                                 "--random-seeds", "1", "--json", "--no-plot"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    shipped = default_profile(DEMO_MODEL_DIR)
+    want = ["full", "duo", "streaming", "h2o", "random"] if shipped else ["full", "streaming", "h2o", "random"]
+    assert [r["policy"] for r in rows] == want
+    assert rows[0]["exact_match"] >= 0.5  # 2 held-out samples at 512 tokens: the demo model retrieves
