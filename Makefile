@@ -13,9 +13,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
+# The main job: calibrate the bundled demo model with the default recipe, then compare full
+# attention, the calibrated profile at 50% streaming heads, StreamingLLM on every head and random
+# head choice on held-out passkey samples. Writes out/demo/{profile.json,gates.png,passkey.png,...}.
 demo: setup
-	$(VENV)/bin/duocal profiles import-upstream ../shared/upstream-duo-attention/Meta-Llama-3.1-8B-Instruct -o out/llama3.1.json
-	$(VENV)/bin/duocal profiles show out/llama3.1.json --sparsity 0.5 --context 131072
+	$(VENV)/bin/duocal calibrate --output out/demo
+	$(VENV)/bin/duocal eval passkey --profile out/demo/profile.json --sparsity 0.5 \
+		--policies full,duo,streaming,random --contexts 512,1024 --samples 40 --plot out/demo/passkey.png
 
 test: setup
 	$(PY) -m pytest -q
