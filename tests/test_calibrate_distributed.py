@@ -19,10 +19,11 @@ def tiny_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("tiny-dist") / "model")
 
 
-def calibrate(out, *args, nproc=1):
+def calibrate(out, *args, nproc=1, launcher="torchrun"):
     code = "from duocal.cli.app import app; app()"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", code, "calibrate", *args, "--output", str(out), "--nproc", str(nproc)],
+    done = subprocess.run([sys.executable, "-c", code, "calibrate", *args, "--output", str(out), "--nproc", str(nproc),
+                           "--launcher", launcher],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     profile = json.loads((out / "profile.json").read_text())
@@ -53,7 +54,8 @@ def test_ulysses_on_two_processes_gives_the_gates_of_one(tiny_dir, tmp_path):
               "data.context=[150,190]",  # longer than sink + recent: the blocked path runs
               "ranking.method=measured", "ranking.samples=2", "ranking.max_candidates=4"]
     one, losses_one = calibrate(tmp_path / "one", *common)
-    two, losses_two = calibrate(tmp_path / "two", *common, "deepspeed.sequence_parallel=2", nproc=2)
+    two, losses_two = calibrate(tmp_path / "two", *common, "deepspeed.sequence_parallel=2", nproc=2,
+                                launcher="deepspeed")  # the DeepSpeed launcher (torchrun: the ZeRO-3 test)
     assert close(one["source"]["gates"], two["source"]["gates"]), (one["source"]["gates"], two["source"]["gates"])
     assert losses_one == pytest.approx(losses_two, rel=1e-4, abs=1e-9)
     assert one["source"]["ranking"]["order"] == two["source"]["ranking"]["order"]

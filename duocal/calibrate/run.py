@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("config", help="resolved config (DIR/config.yaml)")
     parser.add_argument("--output", required=True)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
