@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from duocal.overrides import apply_overrides
+
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 DEFAULT_RECIPE = "calibrate_demo"
 
@@ -150,22 +152,6 @@ def resolve_recipe_path(name_or_path: str | Path | None) -> Path:
         return shipped
     names = sorted(p.stem for p in RECIPES_DIR.glob("calibrate_*.yaml"))
     raise ValueError(f"recipe {str(name_or_path)!r} is neither a file nor a shipped recipe; shipped: {', '.join(names)}")
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} is not key=value (e.g. train.steps=100)")
-        dotted, raw = item.split("=", 1)
-        *parents, leaf = dotted.strip().split(".")
-        node = data
-        for name in parents:
-            child = node.setdefault(name, {})
-            if not isinstance(child, dict):
-                raise ValueError(f"override {item!r}: {name} is not a section")
-            node = child
-        node[leaf] = yaml.safe_load(raw)
-    return data
 
 
 def load_recipe(name_or_path: str | Path | None = None, overrides: list[str] = ()) -> Recipe:

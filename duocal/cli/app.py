@@ -1,10 +1,12 @@
-"""Top-level typer app; sub-apps register themselves here."""
+"""Top-level typer app: the command groups and commands, registered in one place."""
 
 import typer
 
+from . import profiles_remote  # noqa: F401  its decorators add `profiles list | pull | push` to profiles_app
+from .calibrate import EPILOG as CALIBRATE_EPILOG
+from .calibrate import calibrate
 from .eval import eval_app
 from .profiles import profiles_app
-from . import profiles_remote  # noqa: F401,E402  registers `profiles list | pull | push` on profiles_app
 
 app = typer.Typer(
     name="duocal",
@@ -14,5 +16,5 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(profiles_app, name="profiles")
-from . import calibrate as _calibrate  # noqa: E402,F401  registers `duocal calibrate` on app
 app.add_typer(eval_app, name="eval")
+app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate)

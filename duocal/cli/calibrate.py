@@ -7,7 +7,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from .app import app
 from .errors import user_errors
 
 EPILOG = """Examples:
@@ -22,7 +21,6 @@ EPILOG = """Examples:
 """
 
 
-@app.command("calibrate", epilog=EPILOG)
 def calibrate(
     args: Annotated[Optional[list[str]], typer.Argument(
         help="RECIPE (a YAML file or shipped recipe name; default: calibrate_demo), then key=value overrides.",

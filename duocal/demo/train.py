@@ -22,21 +22,12 @@ import yaml
 from duocal.data import SyntheticFiller, PasskeyGenerator, PasskeySample, TokenKind, collate, get_format
 from duocal.data.formats import DEMO_KEYS
 from duocal.demo.tokenizer import build_tokenizer
+from duocal.overrides import apply_overrides
 
 
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> dict:
     """The YAML recipe with ``key=value`` overrides applied (dotted keys reach nested fields)."""
-    recipe = yaml.safe_load(Path(path).read_text())
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"override {item!r} is not key=value")
-        dotted, raw = item.split("=", 1)
-        *parents, leaf = dotted.split(".")
-        node = recipe
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[leaf] = yaml.safe_load(raw)
-    return recipe
+    return apply_overrides(yaml.safe_load(Path(path).read_text()), list(overrides))
 
 
 def build_model(model_config: dict, tokenizer) -> torch.nn.Module:
