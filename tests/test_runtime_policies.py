@@ -33,7 +33,7 @@ def reference_run(model, plan, ids, mask, steps):
 
 
 @pytest.mark.parametrize("family", ["llama", "llama_mha", "qwen3"])
-@pytest.mark.parametrize("lengths", [[6], [14, 9]], ids=["short-prompt", "left-padded"])
+@pytest.mark.parametrize("lengths", [[6], [21], [14, 9]], ids=["short-prompt", "long-prompt", "left-padded"])
 def test_mixed_plan_matches_dense_reference_step_by_step(family, lengths):
     model = tiny_model(family)
     shape = dr.shape_of_config(model.config)
