@@ -10,6 +10,7 @@ scored, before eviction).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 
 import torch
 
@@ -32,7 +33,7 @@ def _query_block(t: int, keys: int, rows_per_token: int) -> int:
     return max(1, min(t, ATTENTION_BLOCK_ELEMENTS // max(1, keys * rows_per_token)))
 
 
-class HeadGroup:
+class HeadGroup(ABC):
     policy: HeadPolicy
 
     def __init__(self, policy: HeadPolicy, kv_heads: list[int], rep: int):
@@ -56,9 +57,9 @@ class HeadGroup:
             if isinstance(value, torch.Tensor) and value.ndim >= 2:
                 setattr(self, name, value.index_select(0, index.to(value.device)))
 
+    @abstractmethod
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step) -> torch.Tensor:
         """q [B, G*R, T, D], k/v [B, G, T, D] for the new tokens -> output [B, G*R, T, D]."""
-        raise NotImplementedError  # each policy's group overrides this
 
 
 class FullGroup(HeadGroup):

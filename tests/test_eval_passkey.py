@@ -184,7 +184,6 @@ def test_cli_profile_of_another_model(tiny_model_dir, tmp_path, monkeypatch):
     assert "profile is for 4 layers" in result.stderr and "2 layers" in result.stderr
 
 
-@pytest.mark.skipif(not (DEMO_MODEL_DIR / "config.json").is_file(), reason="demo model not built yet")
 def test_cli_demo_defaults(tmp_path):
     """The demo model is the default; its shipped profile (when there is one) is the default for duo."""
     from duocal.cli.eval import default_profile

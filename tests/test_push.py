@@ -83,7 +83,7 @@ def test_a_pushed_profile_pulls_back_through_the_hub_and_then_offline(hub, upstr
     commit = fake.branches["me/mistral-duo"]
     pinned = pull(f"hf://me/mistral-duo/profile.json@{commit}")
     assert pinned.origin == "hub" and pinned.profile.scores == original.scores
-    assert server.hits[f"/me/mistral-duo/resolve/main/profile.json"] >= 1
+    assert server.hits["/me/mistral-duo/resolve/main/profile.json"] >= 1
     before = sum(server.hits.values())
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert dr.load_profile("hf://me/mistral-duo").scores == original.scores  # from huggingface_hub's cache

@@ -12,7 +12,6 @@ from duocal.eval.retrieval_heads import flat_indices, needle_attention, needle_m
 
 from test_eval_passkey import tiny_model_dir  # noqa: F401 (fixture)
 
-needs_demo = pytest.mark.skipif(not (DEMO_MODEL_DIR / "config.json").is_file(), reason="demo model not built yet")
 
 
 def test_needle_mass_sums_each_group():
@@ -43,7 +42,6 @@ def test_needle_attention_shape_and_bounds(tiny_model_dir):  # noqa: F811
     assert model.config._attn_implementation == before
 
 
-@needs_demo
 def test_demo_retrieval_heads_carry_retrieval():
     """Find the heads from attention mass, then: keep only them full (13 of 16 heads streaming on
     the shipped model, whose retrieval sits in layer-1 KV heads 3, 1 and 0), or only the top two

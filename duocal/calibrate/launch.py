@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from duocal.calibrate.checkpoint import checkpoint_dir, latest
+from duocal.calibrate.checkpoint import latest
 from duocal.calibrate.engine import free_port
 from duocal.calibrate.recipe import Recipe, load_recipe, load_resolved, save_resolved
 
