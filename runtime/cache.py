@@ -71,8 +71,7 @@ class DuoCacheLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        for group in self.groups:
-            group.__init__(group.policy, group.kv_heads, group.rep)
+        self.groups = [make_group(g.policy, g.kv_heads, g.rep) for g in self.groups]
         self.seen, self.real = 0, None
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:

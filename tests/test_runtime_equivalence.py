@@ -124,3 +124,16 @@ def test_unsupported_models_and_shapes_are_clear_errors():
         dr.SinkWindow(sink=4, recent=0)
     with pytest.raises(dr.PlanError, match="positive integer"):
         dr.H2O(heavy=-1, recent=4)
+
+
+def test_reset_cache_gives_a_fresh_start():
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch([14, 10])
+    plan = dr.Plan(dr.shape_of_config(model.config), [[dr.SinkWindow(2, 4), dr.H2O(3, 3)]] * 2)
+    with dr.apply(model, plan) as runtime:
+        cache = runtime.new_cache()
+        first, _ = greedy(model, ids, mask, cache)
+        cache.reset()
+        assert cache.get_seq_length() == 0 and cache.kv_bytes() == 0
+        again, _ = greedy(model, ids, mask, cache)
+    assert torch.equal(first, again)
