@@ -7,6 +7,7 @@ unregisters it. Applying a new plan to a model first removes the one applied bef
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from . import hf_compat
@@ -55,7 +56,9 @@ class Runtime:
         if previous is not None and previous.active:
             previous.remove()
         self._previous = hf_compat.attention_implementation(self.model)
-        hf_compat.register(self.name, self._attention)
+        hf_compat.register(self.name, _weak_attention(self))
+        # transformers' registry is global: make sure a runtime dropped without remove() leaves it
+        weakref.finalize(self, hf_compat.unregister, self.name)
         hf_compat.set_attention_implementation(self.model, self.name)
         setattr(self.model, _RUNTIME_ATTR, self)
         self.active = True
@@ -75,6 +78,20 @@ class Runtime:
 
     def __exit__(self, *exc: Any) -> None:
         self.remove()
+
+
+def _weak_attention(runtime: Runtime):
+    """The registered function holds the runtime weakly, so the global registry never keeps a
+    model alive (the model holds its runtime; the runtime holds the model)."""
+    ref = weakref.ref(runtime)
+
+    def attention(module, *args, **kwargs):
+        live = ref()
+        if live is None:
+            raise RuntimeError("the duocal runtime of this model was garbage-collected; apply the plan again")
+        return live._attention(module, *args, **kwargs)
+
+    return attention
 
 
 def apply(model, plan: Plan, *, prefill_chunk_size: int | None = None) -> Runtime:

@@ -65,7 +65,7 @@ class DenseReference:
                                 sc[int(ranks[row, j])] = sc.get(int(ranks[row, j]), 0.0) + float(probs[:, j].sum())
                 if isinstance(policy, (dr.H2O, dr.SinkH2O)):
                     self._evict(policy, st, row, kvh, real_total)
-        return out.transpose(1, 2), None
+        return out.to(q.dtype).transpose(1, 2), None
 
     def _allowed(self, policy, st, row, kvh, ranks, q_ranks):
         kr, qr = ranks[None, :], q_ranks[:, None]

@@ -1,10 +1,17 @@
 """An all-full plan changes nothing; apply/remove are clean; every family and dtype works."""
 
+import gc
+import weakref
+
 import pytest
 import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
 
 import duocal_runtime as dr
 
+from reference_attention import NAME as REFERENCE
+from reference_attention import DenseReference
 from runtime_models import FAMILIES, left_padded_batch, tiny_model
 
 
@@ -52,8 +59,18 @@ def test_bf16_all_full_and_mixed():
     plan = dr.Plan(shape, [[dr.SinkWindow(2, 6), dr.H2O(4, 4)], [dr.Full(), dr.SinkH2O(2, 3, 3)]])
     with dr.apply(model, plan) as runtime:
         cache = runtime.new_cache()
-        greedy(model, ids, mask, cache)
+        tokens, logits = greedy(model, ids, mask, cache)
     assert all(g.k.dtype == torch.bfloat16 for layer in range(2) for g in cache.head_groups(layer))
+    with DenseReference(plan):
+        model.set_attn_implementation(REFERENCE)
+        reference, ref_logits = greedy(model, ids, mask)
+        model.set_attn_implementation("sdpa")
+    # bf16 rounding differs from the float64 reference, so a near-tied argmax may flip; until the
+    # first step where a row's token differs both runs saw the same history: logits must agree
+    same = (tokens[:, ids.shape[1]:] == reference[:, ids.shape[1]:]).long().cumprod(1)  # [B, steps]
+    compared = torch.cat([torch.ones_like(same[:, :1]), same[:, :-1]], 1).bool().T  # [steps, B]
+    assert compared.sum() >= 4
+    torch.testing.assert_close(logits.float()[compared], ref_logits.float()[compared], rtol=0, atol=0.15)
 
 
 def test_apply_twice_remove_and_apply_another_plan():
@@ -73,6 +90,9 @@ def test_apply_twice_remove_and_apply_another_plan():
     stale = second.new_cache()
     second.remove()
     second.remove()  # idempotent
+    for runtime in (first, second):
+        assert runtime.name not in AttentionInterface._global_mapping
+        assert runtime.name not in AttentionMaskInterface._global_mapping
     assert model.config._attn_implementation == impl
     after, after_logits = greedy(model, ids, mask)
     assert torch.equal(after, before)
@@ -137,3 +157,14 @@ def test_reset_cache_gives_a_fresh_start():
         assert cache.get_seq_length() == 0 and cache.kv_bytes() == 0
         again, _ = greedy(model, ids, mask, cache)
     assert torch.equal(first, again)
+
+
+def test_a_dropped_model_is_freed_and_unregistered():
+    model = tiny_model("llama")
+    runtime = dr.apply(model, all_full(model))  # never removed
+    name, alive = runtime.name, weakref.ref(model)
+    assert name in AttentionInterface._global_mapping
+    del model, runtime
+    gc.collect()
+    assert alive() is None
+    assert name not in AttentionInterface._global_mapping and name not in AttentionMaskInterface._global_mapping

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 import duocal_runtime as dr
 from duocal_runtime.head_groups import full_capacity
@@ -174,3 +175,38 @@ def test_runtime_kept_sets_use_original_positions():
         model.generate(input_ids=ids, max_new_tokens=4, do_sample=False, cache=cache)
     assert runtime_kept_ranks(cache, 0, 0, 0) == {0, 1, 12, 13, 14}
     assert cache.get_seq_length() == 15
+
+
+def test_decode_steps_whose_new_token_is_padding_match_the_reference():
+    """Rows can feed padding mid-generation (a 0 in the attention mask): bounded heads skip it."""
+    model = tiny_model("llama")
+    plan = dr.Plan(dr.shape_of_config(model.config), MIXED)
+    ids, mask = left_padded_batch([14, 9])
+    g = torch.Generator().manual_seed(5)
+    tokens = [torch.randint(1, 97, (2, 1), generator=g) for _ in range(8)]
+    new_mask = [torch.tensor([[1], [0]]) if step in (3, 4) else torch.tensor([[1], [1]]) for step in range(8)]
+
+    @torch.no_grad()
+    def drive(cache):
+        m, logits = mask.clone(), [model(input_ids=ids, attention_mask=mask, cache=cache).logits[:, -1]]
+        pos = mask.cumsum(1)[:, -1:] - 1
+        for token, nm in zip(tokens, new_mask):
+            m, pos = torch.cat([m, nm], 1), pos + nm
+            logits.append(model(input_ids=token, attention_mask=m, cache=cache, position_ids=pos).logits[:, -1])
+        return torch.stack(logits, 1)
+
+    with DenseReference(plan) as reference:
+        model.set_attn_implementation(NAME)
+        expected = drive(DynamicCache(config=model.config))
+        model.set_attn_implementation("sdpa")
+    with dr.apply(model, plan) as runtime:
+        cache = runtime.new_cache()
+        got = drive(cache)
+    real = torch.ones(2, 9, dtype=torch.bool)
+    real[1, 4:6] = False  # outputs at padding positions are unused
+    torch.testing.assert_close(got[real], expected[real], rtol=0, atol=1e-4)
+    for layer, row in enumerate(MIXED):
+        for kvh, policy in enumerate(row):
+            if isinstance(policy, (dr.H2O, dr.SinkH2O)):
+                for b in range(2):
+                    assert runtime_kept_ranks(cache, layer, b, kvh) == reference.kept_ranks(layer, b, kvh)
