@@ -37,10 +37,11 @@ class Runtime:
     def _attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         layer = kwargs.get(hf_compat.LAYER_KWARG)
         if layer is None:
-            if key.shape[2] != query.shape[2]:
+            if kwargs.get("use_cache") or key.shape[2] != query.shape[2]:
+                # transformers made or was given another cache (e.g. generate() without cache=...)
                 raise RuntimeError(
-                    "duocal: the model was given a cache that is not a DuoCache; pass "
-                    "cache=runtime.new_cache() to generate() or forward()"
+                    "duocal: the model is using a cache that is not a DuoCache; pass "
+                    "cache=runtime.new_cache() to generate() or forward(), or use_cache=False"
                 )
             # No cache (use_cache=False): attend with the plan's policies, keep nothing.
             layer = DuoCacheLayer(self.plan, module.layer_idx, self, self.prefill_chunk_size)

@@ -5,7 +5,7 @@ import weakref
 
 import pytest
 import torch
-from transformers import AttentionInterface
+from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface
 
 import duocal_runtime as dr
@@ -107,6 +107,8 @@ def test_foreign_cache_is_a_clear_error():
     with dr.apply(model, all_full(model)):
         with pytest.raises(RuntimeError, match="new_cache"):
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
+        with pytest.raises(RuntimeError, match="not a DuoCache"):  # refused at prefill, not later
+            model(input_ids=ids, attention_mask=mask, cache=DynamicCache(config=model.config))
 
 
 def test_forward_without_cache_uses_the_plan():
