@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import REPO
 from duocal.demo import DEMO_MODEL_DIR, DEMO_PASSKEY_FORMAT, demo_passkeys
-from duocal.demo.train import demo_generator, greedy_exact_match, load_recipe, needle_attention, save, train
+from duocal.demo.train import demo_generator, greedy_exact_match, load_recipe, save, train
+from duocal.eval.retrieval_heads import needle_attention
 
 RECIPE = REPO / "recipes" / "demo_model.yaml"
 
@@ -80,7 +81,7 @@ def test_training_record_meets_the_targets(record):
 def test_recorded_retrieval_heads_hold_the_needle_attention(demo, record):
     model, tokenizer = demo
     samples = list(demo_generator(tokenizer, record["recipe"]["data"], 512, seed=4242, questions="one").samples(8))
-    mass = torch.tensor(needle_attention(model, samples))  # [layer, kv_head]
+    mass = needle_attention(model, samples)  # [layer, kv_head]
     strongest = divmod(int(mass.argmax()), mass.shape[1])
     assert list(strongest) == record["retrieval_heads"][0]
     others = [mass[l, h].item() for l in range(4) for h in range(4) if [l, h] not in record["retrieval_heads"]]

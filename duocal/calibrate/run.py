@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from duocal_runtime.atomic import write_atomic
+
 from duocal.calibrate import checkpoint, engine as ds
 from duocal.calibrate.batches import StepData, make_generator
 from duocal.calibrate.gated_attention import Gating, install
@@ -116,7 +118,7 @@ class Metrics:
         if active:
             lines = path.read_text().splitlines() if path.is_file() else []
             kept = [l for l in lines if l.strip() and json.loads(l)["step"] <= keep_until]
-            path.write_text("".join(l + "\n" for l in kept))
+            write_atomic(path, "".join(l + "\n" for l in kept))  # a kill here must not lose the log
 
     def write(self, record: dict) -> None:
         if self.active:

@@ -22,6 +22,7 @@ import yaml
 from duocal.data import SyntheticFiller, PasskeyGenerator, PasskeySample, TokenKind, collate, get_format
 from duocal.data.formats import DEMO_KEYS
 from duocal.demo.tokenizer import build_tokenizer
+from duocal.eval.retrieval_heads import needle_attention, top_heads
 from duocal.overrides import apply_overrides
 
 
@@ -143,35 +144,6 @@ def head_ablation(model, samples: list[PasskeySample], heads: list[list[int]], s
     return out
 
 
-@torch.no_grad()
-def needle_attention(model, samples: list[PasskeySample]) -> list[list[float]]:
-    """Attention mass of the answer-predicting positions on the queried needle, ``[layer][kv_head]``.
-
-    Per KV head, summed over the query heads of its group (so at most ``num_attention_heads //
-    num_key_value_heads``), averaged over answer positions and samples. Heads with a large mass
-    are the ones that retrieve (DuoAttention's retrieval heads).
-    """
-    config = model.config
-    groups = config.num_attention_heads // config.num_key_value_heads
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        total = torch.zeros(config.num_hidden_layers, config.num_key_value_heads)
-        count = 0
-        for s in samples:
-            out = model(input_ids=torch.tensor([s.input_ids]), output_attentions=True)
-            for a in s.answers:
-                needle = s.needles[a.needle]
-                rows = list(a.predict_positions)
-                for layer, probs in enumerate(out.attentions):  # probs: [1, H, T, T]
-                    mass = probs[0, :, rows, needle.start : needle.end].sum(-1).mean(-1)  # [H]
-                    total[layer] += mass.view(config.num_key_value_heads, groups).sum(-1)
-                count += 1
-    finally:
-        model.set_attn_implementation(previous)
-    return (total / count).tolist()
-
-
 def train(recipe: dict, log=print) -> dict:
     torch.set_num_threads(recipe["threads"])
     torch.manual_seed(recipe["seed"])
@@ -246,20 +218,13 @@ def evaluate(model, tokenizer, recipe: dict) -> dict:
         exact[str(context)] = greedy_exact_match(model, samples)
     probe = demo_generator(tokenizer, data, final["attention_context"], final["seed"] + 1, questions="one")
     mass = needle_attention(model, list(probe.samples(final["attention_samples"])))
-    heads = retrieval_heads(mass)
-    results = {"exact_match": exact, "needle_attention": mass, "retrieval_heads": heads}
+    heads = [list(head) for head in top_heads(mass)]
+    results = {"exact_match": exact, "needle_attention": mass.tolist(), "retrieval_heads": heads}
     if "ablation" in final:
         ab = final["ablation"]
         samples = list(demo_generator(tokenizer, data, ab["context"], final["seed"] + 2, questions="one").samples(ab["samples"]))
         results["ablation"] = {**ab, "heads": heads, **head_ablation(model, samples, heads, ab["sink"], ab["recent"])}
     return results
-
-
-def retrieval_heads(mass: list[list[float]], share: float = 0.25) -> list[list[int]]:
-    """(layer, KV head) pairs holding at least ``share`` of the largest needle attention, strongest first."""
-    top = max(max(row) for row in mass)
-    heads = [(m, layer, head) for layer, row in enumerate(mass) for head, m in enumerate(row) if m >= share * top]
-    return [[layer, head] for _, layer, head in sorted(heads, reverse=True)]
 
 
 def save(model, tokenizer, recipe: dict, results: dict, output_dir: str | Path) -> None:
