@@ -28,11 +28,17 @@ class Runtime:
         self.active = False
         self._previous: str | None = None
 
-    def new_cache(self) -> DuoCache:
-        """A fresh per-head cache for one generation (or one conversation, reused across turns)."""
+    def new_cache(self, max_length: int | None = None) -> DuoCache:
+        """A fresh per-head cache for one generation (or one conversation, reused across turns).
+
+        With `max_length` (prompt + new tokens, at most), a static cache: fixed buffers and decode
+        steps that `torch.compile` can capture (generate() compiles them on CUDA by itself).
+        """
         if not self.active:
             raise RuntimeError("this duocal runtime was removed; apply the plan again to get a cache")
-        return DuoCache(self.plan, owner=self, prefill_chunk_size=self.prefill_chunk_size)
+        if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1):
+            raise PlanError(f"max_length must be a positive number of tokens (prompt + new tokens), got {max_length!r}")
+        return DuoCache(self.plan, owner=self, prefill_chunk_size=self.prefill_chunk_size, max_length=max_length)
 
     def _attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         layer = kwargs.get(hf_compat.LAYER_KWARG)

@@ -1,6 +1,6 @@
 """`DuoCache`: a transformers `Cache` whose layers hold per-head-group storage.
 
-Each `DuoCacheLayer` owns one `HeadGroup` per distinct policy in its layer of the plan. The
+Each layer owns one `HeadGroup` per distinct policy in its layer of the plan. The
 layer's `update` stores nothing itself: it hands itself to the attention function through the
 attention kwargs (see `hf_compat.LAYER_KWARG`), which attends every group to its own storage and
 lets the groups store and evict. `get_seq_length` reports tokens *seen*, not stored, as
@@ -13,21 +13,25 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .head_groups import HeadGroup, make_group
 from .hf_compat import LAYER_KWARG
 from .planning import Plan
-from .step import Step
+from .policies import HeadGroup
+from .policies.static_buffers import check_room, mark_static
+from .step import DecodeStep, Step
 
 
 class DuoCacheLayer(CacheLayerMixin):
+    """Dynamic storage: every group holds exactly what its policy keeps (full heads grow)."""
+
     is_sliding = False
     is_compileable = False
     is_croppable = False
+    max_length: int | None = None
 
     def __init__(self, plan: Plan, layer: int, owner=None, prefill_chunk_size: int | None = None):
         super().__init__()
         rep = plan.shape.num_attention_heads // plan.shape.num_key_value_heads
-        self.groups: list[HeadGroup] = [make_group(p, heads, rep) for p, heads in plan.layer_groups(layer)]
+        self.groups: list[HeadGroup] = [p.make_group(heads, rep, self.max_length) for p, heads in plan.layer_groups(layer)]
         self.rep, self.owner, self.prefill_chunk_size = rep, owner, prefill_chunk_size
         self.num_kv = plan.shape.num_key_value_heads
         self.seen = 0
@@ -71,7 +75,7 @@ class DuoCacheLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.groups = [make_group(g.policy, g.kv_heads, g.rep) for g in self.groups]
+        self.groups = [g.policy.make_group(g.kv_heads, g.rep, self.max_length) for g in self.groups]
         self.seen, self.real = 0, None
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -91,6 +95,8 @@ class DuoCacheLayer(CacheLayerMixin):
     def attend(self, q, k, v, pad_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
         """q [B, H, T, D], k/v [B, Hkv, T, D] of the new tokens -> attention output [B, H, T, D]."""
         t = q.shape[2]
+        if self.max_length is None:
+            _check_mask_covers(pad_mask, self.seen + t)
         chunk = self.prefill_chunk_size or t
         outs = [self._attend_pass(q[:, :, i : i + chunk], k[:, :, i : i + chunk], v[:, :, i : i + chunk],
                                   pad_mask, scaling) for i in range(0, t, chunk)]
@@ -102,14 +108,18 @@ class DuoCacheLayer(CacheLayerMixin):
         t = q.shape[2]
         seen_mask = None if pad_mask is None else pad_mask[:, : self.seen + t]
         step = Step.make(self.seen, self.real, t, seen_mask, scaling)
-        if len(self.groups) == 1:
-            out = self.groups[0].attend(q, k, v, step)
-        else:
-            out = q.new_empty(q.shape)
-            for group, (kv_idx, q_idx) in zip(self.groups, self._indices):
-                out[:, q_idx] = group.attend(q[:, q_idx], k[:, kv_idx], v[:, kv_idx], step)
+        out = self._each_group(q, k, v, lambda group: group.attend, step)
         self.seen += t
         self.real = step.real_after
+        return out
+
+    def _each_group(self, q, k, v, method, step):
+        """Run `method(group)(q, k, v, step)` for every group on its own heads; one output [B, H, T, D]."""
+        if len(self.groups) == 1:
+            return method(self.groups[0])(q, k, v, step)
+        out = q.new_empty(q.shape)
+        for group, (kv_idx, q_idx) in zip(self.groups, self._indices):
+            out[:, q_idx] = method(group)(q[:, q_idx], k[:, kv_idx], v[:, kv_idx], step)
         return out
 
     # --- inspection -----------------------------------------------------------------------
@@ -117,13 +127,86 @@ class DuoCacheLayer(CacheLayerMixin):
         return sum(g.nbytes() for g in self.groups)
 
 
-class DuoCache(Cache):
-    """One `DuoCacheLayer` per model layer, built from a plan (use `runtime.new_cache()`)."""
+def _check_mask_covers(pad_mask: torch.Tensor | None, tokens: int) -> None:
+    if pad_mask is not None and pad_mask.shape[-1] != tokens:
+        raise ValueError(
+            f"attention_mask covers {pad_mask.shape[-1]} tokens but the cache and input make {tokens}: "
+            "pass a mask over every token seen so far plus the new ones"
+        )
 
-    def __init__(self, plan: Plan, owner=None, prefill_chunk_size: int | None = None):
-        layers = [DuoCacheLayer(plan, i, owner, prefill_chunk_size) for i in range(plan.shape.num_hidden_layers)]
+
+class StaticDuoCacheLayer(DuoCacheLayer):
+    """Static storage for `torch.compile`: fixed buffers (full heads `max_length` slots, bounded
+    heads their budget), counters kept in tensors updated in place, and decode steps (one token)
+    with no data-dependent shape and no host sync. Prefill passes run eagerly, as in transformers'
+    `generate`, which compiles only the decode step."""
+
+    is_compileable = True
+
+    def __init__(self, plan: Plan, layer: int, owner=None, prefill_chunk_size: int | None = None,
+                 max_length: int = 0):
+        self.max_length = max_length
+        super().__init__(plan, layer, owner, prefill_chunk_size)
+        self.seen = torch.zeros((), dtype=torch.long)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.max_length, 0
+
+    def get_seq_length(self):
+        return self.seen  # a tensor, as transformers' StaticLayer: reading it must not sync
+
+    def get_max_length(self) -> int:
+        return self.max_length
+
+    def reset(self) -> None:
+        super().reset()
+        self.seen = torch.zeros((), dtype=torch.long)
+
+    def _attend_pass(self, q, k, v, pad_mask, scaling):
+        if pad_mask is not None and pad_mask.shape[-1] < self.max_length:
+            pad_mask = torch.nn.functional.pad(pad_mask, (0, self.max_length - pad_mask.shape[-1]))
+        if self.real is None:
+            self.seen = mark_static(self.seen.to(q.device))
+            self.real = mark_static(torch.zeros(q.shape[0], dtype=torch.long, device=q.device))
+        elif q.shape[2] == 1:
+            return self._decode(q, k, v, pad_mask, scaling)
+        t, seen = q.shape[2], int(self.seen)
+        check_room(seen + t, self.max_length)
+        step = Step.make(seen, self.real, t, pad_mask, scaling)
+        out = self._each_group(q, k, v, lambda group: group.attend, step)
+        self._advance(t, step.real_after)
+        return out
+
+    def _decode(self, q, k, v, pad_mask, scaling):
+        if torch.compiler.is_compiling():
+            torch._assert_async(self.seen < self.max_length, "static DuoCache is full: make it with a larger max_length")
+        else:
+            check_room(int(self.seen) + 1, self.max_length)
+        step = DecodeStep.make(self.seen, self.real, pad_mask, scaling)
+        out = self._each_group(q, k, v, lambda group: group.decode, step)
+        self._advance(1, step.real_after)
+        return out
+
+    def _advance(self, tokens: int, real_after: torch.Tensor) -> None:
+        self.seen.add_(tokens)  # in place: compiled steps hold these addresses
+        self.real.copy_(real_after)
+
+
+class DuoCache(Cache):
+    """One layer per model layer, built from a plan (use `runtime.new_cache()`).
+
+    With `max_length`, a static cache (`is_compileable`): `model.generate()` compiles its decode
+    steps on CUDA by itself, as for transformers' `StaticCache`.
+    """
+
+    def __init__(self, plan: Plan, owner=None, prefill_chunk_size: int | None = None, max_length: int | None = None):
+        if max_length is None:
+            layers = [DuoCacheLayer(plan, i, owner, prefill_chunk_size) for i in range(plan.shape.num_hidden_layers)]
+        else:
+            layers = [StaticDuoCacheLayer(plan, i, owner, prefill_chunk_size, max_length)
+                      for i in range(plan.shape.num_hidden_layers)]
         super().__init__(layers=layers)
-        self.plan = plan
+        self.plan, self.max_length = plan, max_length
 
     def kv_bytes(self) -> int:
         """Bytes of keys and values held, read from the tensors themselves (slack included)."""

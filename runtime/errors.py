@@ -11,3 +11,7 @@ class ProfileError(ValueError):
 
 class PlanError(ValueError):
     """A plan cannot be built from the given profile and settings (bad sizes, impossible budget)."""
+
+
+class CacheFullError(ValueError):
+    """A static cache was asked to hold more token positions than its `max_length`."""

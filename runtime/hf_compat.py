@@ -50,7 +50,13 @@ def padding_mask(
     attention_mask: torch.Tensor | None = None,
     **kwargs,
 ) -> torch.Tensor | None:
-    """AttentionMaskInterface entry: the 2D bool padding mask over the kv range, None if none is padded."""
+    """AttentionMaskInterface entry: the 2D bool padding mask over the kv range, None if none is padded.
+
+    A static cache reports its seen count as a tensor (`q_offset`) and `max_length` as kv_length:
+    its mask is padded to that fixed length (as transformers does for StaticCache) and never
+    reduced to None by a check that would sync the host inside a compiled step. Dynamic layers
+    check themselves that the mask covers every token seen plus the new ones.
+    """
     if mask_function is not causal_mask_function:
         raise ValueError(
             "duocal only supports plain causal masks (no packed sequences, sliding windows or custom overlays)"
@@ -58,11 +64,8 @@ def padding_mask(
     if attention_mask is None:
         return None
     mask = attention_mask[:, kv_offset : kv_offset + kv_length].to(torch.bool)
-    if mask.shape[-1] != kv_length:
-        raise ValueError(
-            f"attention_mask covers {attention_mask.shape[-1]} tokens but the cache and input make {kv_length}: "
-            "pass a mask over every token seen so far plus the new ones"
-        )
+    if isinstance(q_offset, torch.Tensor):
+        return torch.nn.functional.pad(mask, (0, kv_length - mask.shape[-1])) if mask.shape[-1] < kv_length else mask
     return None if bool(mask.all()) else mask
 
 

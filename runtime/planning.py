@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from .errors import PlanError
 from .model_shape import ModelShape
-from .policies import Full, HeadPolicy, make_policy, policy_from_dict
+from .policies import Full, HeadPolicy, policy_class, policy_from_dict
 from .profile import Profile
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float8": 1, "fp8": 1}
@@ -81,7 +81,7 @@ class Plan:
 
     @property
     def num_streaming(self) -> int:
-        return sum(not isinstance(p, Full) for row in self.policies for p in row)
+        return sum(p.bounded for row in self.policies for p in row)
 
     @property
     def sparsity(self) -> float:
@@ -90,7 +90,7 @@ class Plan:
 
     @property
     def retrieval_heads_per_layer(self) -> list[int]:
-        return [sum(isinstance(p, Full) for p in row) for row in self.policies]
+        return [sum(not p.bounded for p in row) for row in self.policies]
 
     def layer_groups(self, layer: int) -> list[tuple[HeadPolicy, list[int]]]:
         """The layer's KV heads grouped by identical policy, in order of first appearance."""
@@ -242,15 +242,8 @@ def plan(
     if len(chosen) > 1:
         raise PlanError(f"give one of sparsity, threshold or budget, not {' and '.join(chosen)}")
     d = profile.deploy
-    name = policy or d.policy
-    default_recent = d.h2o_recent if name in ("h2o", "sink_h2o") else d.recent
-    streaming_policy = make_policy(
-        name,
-        sink=d.sink if sink is None else sink,
-        recent=default_recent if recent is None else recent,
-        heavy=d.heavy if heavy is None else heavy,
-    )
-    if isinstance(streaming_policy, Full):
+    streaming_policy = policy_class(policy or d.policy).from_deploy(d, sink=sink, recent=recent, heavy=heavy)
+    if not streaming_policy.bounded:
         raise PlanError("the policy for non-retrieval heads cannot be 'full'; use sparsity=0 for an all-full plan")
     flat = profile.flat_scores()
     if threshold is not None:

@@ -30,7 +30,7 @@ from typing import Any
 from .atomic import write_atomic
 from .errors import ProfileError
 from .model_shape import SHAPE_FIELDS, ModelShape, shape_of_config
-from .policies import STREAMING_POLICIES
+from .policies import bounded_policy_names
 
 FORMAT = "duocal.profile"
 VERSION = 1
@@ -50,9 +50,9 @@ class DeployDefaults:
     def __post_init__(self):
         if not 0.0 <= self.sparsity <= 1.0:
             raise ProfileError(f"deploy.sparsity must be in [0, 1], got {self.sparsity!r}")
-        if self.policy not in STREAMING_POLICIES:
+        if self.policy not in bounded_policy_names():
             raise ProfileError(
-                f"deploy.policy must be one of {', '.join(STREAMING_POLICIES)}, got {self.policy!r}"
+                f"deploy.policy must be one of {', '.join(bounded_policy_names())}, got {self.policy!r}"
             )
         for name in ("sink", "recent", "heavy", "h2o_recent"):
             value = getattr(self, name)

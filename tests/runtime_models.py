@@ -37,3 +37,22 @@ def left_padded_batch(lengths: list[int], vocab: int = 97, seed: int = 1):
         ids[row, width - n :] = torch.randint(1, vocab, (n,), generator=g)
         mask[row, width - n :] = 1
     return ids, mask
+
+
+def padded_decode_steps(steps: int, padded: tuple[int, ...], seed: int = 5):
+    """Decode inputs for 2 rows where row 1 feeds padding (mask 0) at the given steps."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = [torch.randint(1, 97, (2, 1), generator=g) for _ in range(steps)]
+    new_mask = [torch.tensor([[1], [0]]) if step in padded else torch.tensor([[1], [1]]) for step in range(steps)]
+    return tokens, new_mask
+
+
+@torch.no_grad()
+def drive_decode(model, ids, mask, cache, tokens, new_mask):
+    """Prefill, then feed `tokens` one step at a time with their mask column; last logits per step [B, 1 + steps, V]."""
+    m, logits = mask.clone(), [model(input_ids=ids, attention_mask=mask, cache=cache).logits[:, -1]]
+    pos = mask.cumsum(1)[:, -1:] - 1
+    for token, nm in zip(tokens, new_mask):
+        m, pos = torch.cat([m, nm], 1), pos + nm
+        logits.append(model(input_ids=token, attention_mask=m, cache=cache, position_ids=pos).logits[:, -1])
+    return torch.stack(logits, 1)

@@ -1,6 +1,6 @@
 """The `h2o` policy against the official H2O code (FMInference/H2O `utils_real_drop`).
 
-`../shared/golden-h2o` holds that code's token-by-token output on a tiny multi-head Llama
+`tests/data/golden-h2o` holds that code's token-by-token output on a tiny multi-head Llama
 (hh_size 8, recent 16): generated tokens, logits, and per step, layer and head the kept
 positions and their accumulated scores. We must reproduce every token and every kept set.
 """
@@ -18,8 +18,6 @@ from conftest import GOLDEN_H2O
 
 @pytest.fixture(scope="module")
 def golden():
-    if not GOLDEN_H2O.is_dir():
-        pytest.skip("../shared/golden-h2o is absent")
     data = json.loads((GOLDEN_H2O / "golden.json").read_text())
     model = LlamaForCausalLM.from_pretrained(GOLDEN_H2O, dtype=torch.float32).eval()
     return data, model

@@ -5,10 +5,10 @@ import torch
 from transformers import DynamicCache
 
 import duocal_runtime as dr
-from duocal_runtime.head_groups import full_capacity
+from duocal_runtime.policies.full import full_capacity
 
 from reference_attention import NAME, DenseReference, runtime_kept_ranks
-from runtime_models import left_padded_batch, tiny_model
+from runtime_models import drive_decode, left_padded_batch, padded_decode_steps, tiny_model
 
 MIXED = [
     [dr.SinkWindow(3, 5), dr.H2O(4, 3)],
@@ -182,18 +182,10 @@ def test_decode_steps_whose_new_token_is_padding_match_the_reference():
     model = tiny_model("llama")
     plan = dr.Plan(dr.shape_of_config(model.config), MIXED)
     ids, mask = left_padded_batch([14, 9])
-    g = torch.Generator().manual_seed(5)
-    tokens = [torch.randint(1, 97, (2, 1), generator=g) for _ in range(8)]
-    new_mask = [torch.tensor([[1], [0]]) if step in (3, 4) else torch.tensor([[1], [1]]) for step in range(8)]
+    tokens, new_mask = padded_decode_steps(8, padded=(3, 4))
 
-    @torch.no_grad()
     def drive(cache):
-        m, logits = mask.clone(), [model(input_ids=ids, attention_mask=mask, cache=cache).logits[:, -1]]
-        pos = mask.cumsum(1)[:, -1:] - 1
-        for token, nm in zip(tokens, new_mask):
-            m, pos = torch.cat([m, nm], 1), pos + nm
-            logits.append(model(input_ids=token, attention_mask=m, cache=cache, position_ids=pos).logits[:, -1])
-        return torch.stack(logits, 1)
+        return drive_decode(model, ids, mask, cache, tokens, new_mask)
 
     with DenseReference(plan) as reference:
         model.set_attn_implementation(NAME)

@@ -1,0 +1,93 @@
+"""Benchmark rows: which cache and plan each row runs, and the state a prompt leaves in it.
+
+| row | cache | attention |
+|---|---|---|
+| `dynamic` | transformers `DynamicCache` | sdpa (the baseline of every ratio) |
+| `static` | transformers `StaticCache` | sdpa, decode compiled |
+| `full` | duocal, all heads `full` | duocal |
+| `stream50` / `stream75` | duocal, 50% / 75% of KV heads sink 64 + recent 256 | duocal |
+| `h2o50` | duocal, H2O on every head at the KV bytes of `stream50` | duocal |
+| `<row>-compiled` | the duocal row's static cache (`max_length`), decode compiled | duocal |
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, StaticCache
+
+import duocal_runtime as dr
+from duocal_runtime.policies.static_buffers import mark_static
+
+SINK, RECENT = 64, 256
+DUO_ROWS = ("full", "stream50", "stream75", "h2o50")
+ROWS = ("dynamic", "static", *DUO_ROWS, *(f"{r}-compiled" for r in DUO_ROWS))
+
+
+def base_row(row: str) -> str:
+    return row.removesuffix("-compiled")
+
+
+def is_compiled(row: str) -> bool:
+    return row == "static" or row.endswith("-compiled")
+
+
+def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
+    """The plan of a duocal row (None for transformers' caches). Random weights: any head choice is as good."""
+    row = base_row(row)
+    window = dr.SinkWindow(SINK, RECENT)
+    if row == "full":
+        return dr.uniform_plan(shape, dr.Full())
+    if row in ("stream50", "stream75"):
+        count = shape.num_kv_heads_total * int(row.removeprefix("stream")) // 100
+        return dr.plan_from_streaming_set(shape, set(range(count)), window)
+    if row == "h2o50":
+        budget = (context + window.budget) // 2  # per head: the mean of full and streaming
+        return dr.uniform_plan(shape, dr.H2O(heavy=budget - budget // 2, recent=budget // 2))
+    if row in ("dynamic", "static"):
+        return None
+    raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS)}")
+
+
+def new_cache(row: str, model, runtime, max_length: int):
+    """A fresh cache for the row; static rows hold `max_length` positions."""
+    if row == "dynamic":
+        return DynamicCache(config=model.config)
+    if row == "static":
+        return StaticCache(config=model.config, max_cache_len=max_length)
+    return runtime.new_cache(max_length=max_length if is_compiled(row) else None)
+
+
+def fill(cache, model, context: int) -> None:
+    """Give the cache the state a `context`-token prompt leaves, with random keys and values
+    (decode cost does not depend on the values)."""
+    shape, param = dr.shape_of_config(model.config), next(model.parameters())
+    if isinstance(cache, dr.DuoCache):
+        for layer in cache.layers:
+            for group in layer.groups:
+                group.fill(1, context, shape.head_dim, param.dtype, param.device)
+            _set_counters(layer, context, param.device)
+        return
+    for layer in range(shape.num_hidden_layers):
+        k = torch.randn(1, shape.num_key_value_heads, context, shape.head_dim, dtype=param.dtype, device=param.device)
+        if isinstance(cache, StaticCache):
+            cache.layers[layer].lazy_initialization(k, k)
+            cache.layers[layer].keys[:, :, :context] = k
+            cache.layers[layer].values[:, :, :context] = k
+            cache.layers[layer].cumulative_length.fill_(context)
+        else:
+            cache.update(k, torch.randn_like(k), layer)
+
+
+def _set_counters(layer, context: int, device) -> None:
+    if isinstance(layer.seen, torch.Tensor):  # static layer: counters are tensors updated in place
+        layer.seen = mark_static(torch.tensor(context, device=device))
+        layer.real = mark_static(torch.tensor([context], device=device))
+    else:
+        layer.seen, layer.real = context, torch.tensor([context], device=device)
+    layer.is_initialized = True
+
+
+def kv_bytes(cache) -> int:
+    if isinstance(cache, dr.DuoCache):
+        return cache.kv_bytes()
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)

@@ -1,0 +1,134 @@
+"""What a per-head policy is, the registry that finds policies by name, and the head-group base.
+
+A policy is a frozen dataclass of sizes (tokens of the real, unpadded sequence) that says what
+one KV head keeps, and builds the `HeadGroup` that stores and attends for the KV heads of a
+layer sharing it. Policies are values: hashable, serialisable with `to_dict` /
+`policy_from_dict`. Each policy lives in its own module of this package and registers itself
+with `@register_policy`; nothing else in the runtime branches on policy names.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+
+from ..errors import PlanError
+
+POLICIES: dict[str, type[HeadPolicy]] = {}
+
+
+def register_policy(cls: type[HeadPolicy]) -> type[HeadPolicy]:
+    """Class decorator: make a policy known by its `name` (plans, profiles, `make_policy`)."""
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def bounded_policy_names() -> tuple[str, ...]:
+    """Policies that keep a bounded number of tokens per head: the choices for non-retrieval heads."""
+    return tuple(name for name, cls in POLICIES.items() if cls.bounded)
+
+
+def policy_class(name: Any) -> type[HeadPolicy]:
+    if name not in POLICIES:
+        raise PlanError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    return POLICIES[name]
+
+
+def make_policy(name: str, **sizes: int | None) -> HeadPolicy:
+    """Build a policy by its user-facing name, ignoring sizes it does not use."""
+    cls = policy_class(name)
+    wanted = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in sizes.items() if k in wanted and v is not None})
+
+
+def policy_from_dict(data: dict) -> HeadPolicy:
+    data = dict(data)
+    cls = policy_class(data.pop("policy", None))
+    unknown = set(data) - {f.name for f in fields(cls)}
+    if unknown:
+        raise PlanError(f"{cls.name}: unknown size field(s) {sorted(unknown)}")
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class HeadPolicy:
+    """Base of every policy. Subclasses are frozen dataclasses whose fields are token counts."""
+
+    name: ClassVar[str]
+    bounded: ClassVar[bool] = True  # keeps at most `budget` tokens per head
+    deploy_names: ClassVar[dict[str, str]] = {}  # size field -> profile deploy default, where the names differ
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise PlanError(f"{self.name}: {f.name} must be a positive integer number of tokens, got {value!r}")
+
+    @property
+    def budget(self) -> int | None:
+        """Most tokens one head keeps (None: unbounded)."""
+        return sum(getattr(self, f.name) for f in fields(self)) if self.bounded else None
+
+    def tokens_kept(self, seq_len: int) -> int:
+        """Tokens one head holds after `seq_len` real tokens (the analytic size of its cache)."""
+        return seq_len if self.budget is None else min(seq_len, self.budget)
+
+    def to_dict(self) -> dict:
+        return {"policy": self.name, **asdict(self)}
+
+    @classmethod
+    def from_deploy(cls, deploy: Any, **sizes: int | None) -> HeadPolicy:
+        """This policy with `sizes`, falling back to the profile's deploy defaults (`deploy_names`)."""
+        chosen = {f.name: sizes.get(f.name) if sizes.get(f.name) is not None
+                  else getattr(deploy, cls.deploy_names.get(f.name, f.name), None) for f in fields(cls)}
+        return cls(**{k: v for k, v in chosen.items() if v is not None})
+
+    def make_group(self, kv_heads: list[int], rep: int, max_length: int | None = None) -> HeadGroup:
+        """Storage and attention for `kv_heads` of one layer (`rep` query heads each). With
+        `max_length`, a static group: fixed buffers, compileable decode steps."""
+        raise NotImplementedError(f"policy {self.name!r} does not define make_group")
+
+
+class HeadGroup(ABC):
+    """Storage and attention for the KV heads of one layer that share a policy.
+
+    Owns key/value tensors of shape [B, G, S, D] (G = len(kv_heads)) and attends its query
+    heads (R = `rep` per KV head, [B, G*R, T, D]) to them.
+    """
+
+    def __init__(self, policy: HeadPolicy, kv_heads: list[int], rep: int):
+        self.policy, self.kv_heads, self.rep = policy, kv_heads, rep
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def num_kv(self) -> int:
+        return len(self.kv_heads)
+
+    def nbytes(self) -> int:
+        """Bytes of the key and value tensors this group holds (allocated, slack included)."""
+        return 0 if self.k is None else self.k.nbytes + self.v.nbytes
+
+    def stored_tokens(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def select_batch(self, index: torch.Tensor) -> None:
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor) and value.ndim >= 2:
+                setattr(self, name, value.index_select(0, index.to(value.device)))
+
+    def kept_ranks(self, row: int, head: int) -> set[int]:
+        """Real-token ranks that KV head `head` (index within the group) of batch row `row` holds."""
+        rank = self.rank[row, head] if self.rank.ndim == 3 else self.rank[row]
+        return {int(r) for r in rank if r >= 0}
+
+    @abstractmethod
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step) -> torch.Tensor:
+        """q [B, G*R, T, D], k/v [B, G, T, D] for the new tokens -> output [B, G*R, T, D]."""
+
+    @abstractmethod
+    def fill(self, batch: int, context: int, head_dim: int, dtype: torch.dtype, device: Any) -> None:
+        """Take the state a `context`-token prompt leaves (random keys/values): for benchmarks."""

@@ -1,0 +1,139 @@
+"""`h2o`: a head keeps the last `recent` tokens and the `heavy` earlier ones with the most attention.
+
+Heavy-hitter oracle (Zhang et al., NeurIPS 2023, arXiv 2306.14048), reproducing the official code
+(FMInference/H2O `utils_real_drop`) token by token. Per head: the last `recent` real tokens, plus
+(for `sink_h2o`, see sink_h2o.py) the first `sink`, plus the `heavy` others with the largest
+attention mass accumulated over every query so far, summed over the query heads of the KV group.
+A pass appends its tokens, attends over everything stored (causally within the pass), adds each
+query's probabilities to the scores, then evicts down to the budget. `rank` and `score` are
+[B, G, S]: each head keeps its own set. A decode step needs no copy: the new token overwrites the
+evicted slot (slots are unordered).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import kernels as K
+from ..scored_attention import attention_with_mass
+from ..step import DecodeStep, Step
+from .base import HeadGroup, HeadPolicy, register_policy
+from .static_buffers import allocate_static
+
+@register_policy
+@dataclass(frozen=True)
+class H2O(HeadPolicy):
+    name = "h2o"
+    deploy_names = {"recent": "h2o_recent"}
+    heavy: int = 128
+    recent: int = 128
+
+    def make_group(self, kv_heads, rep, max_length=None):
+        return H2OGroup(self, kv_heads, rep) if max_length is None else StaticH2OGroup(self, kv_heads, rep)
+
+
+class H2OGroup(HeadGroup):
+    """Stores at most `budget` slots per head (one more during a decode step, before eviction)."""
+
+    def __init__(self, policy, kv_heads, rep):
+        super().__init__(policy, kv_heads, rep)
+        self.sink = getattr(policy, "sink", 0)
+        self.rank: torch.Tensor | None = None
+        self.score: torch.Tensor | None = None
+
+    def attend(self, q, k, v, step: Step):
+        if self.k is not None and q.shape[2] == 1 and step.all_valid:
+            if self.k.shape[2] < self.policy.budget and bool((self.rank >= 0).all(-1).any()):
+                self._grow_one_slot()
+            return self._decode_in_place(q, k, v, step.new_ranks[:, 0], step.new_valid[:, 0], step.real_after,
+                                         step.scaling)
+        return self._attend_chunk(q, k, v, step)
+
+    def _attend_chunk(self, q, k, v, step: Step):
+        b, g, t, _ = k.shape
+        if self.k is None:
+            self.k, self.v = k[:, :, :0], v[:, :, :0]
+            self.rank = k.new_zeros(b, g, 0, dtype=torch.long)
+            self.score = k.new_zeros(b, g, 0, dtype=torch.float32)
+        self.k, self.v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.rank = torch.cat([self.rank, step.new_ranks[:, None, :].expand(b, g, t)], dim=2)
+        self.score = torch.cat([self.score, self.score.new_zeros(b, g, t)], dim=2)
+        out = self._attend_and_score(q, step)
+        self._evict(step.real_after)
+        return out
+
+    def _decode_in_place(self, q, k, v, new_rank, valid, real_after, scaling):
+        """One new token per row (rank [B], valid [B]): attend over stored + new, score, then
+        overwrite the lowest-priority slot (an empty one first) with it. No shape depends on data."""
+        qg = K.gqa_queries(q, self.num_kv).float()  # [B, G, R, D]
+        stored = torch.matmul(qg, self.k.float().transpose(-1, -2)) * scaling  # [B, G, R, S]
+        stored = stored.masked_fill((self.rank < 0)[:, :, None, :], float("-inf"))
+        new = (qg * k.float()).sum(-1, keepdim=True) * scaling  # [B, G, R, 1]
+        new = new.masked_fill(~valid[:, None, None, None], float("-inf"))
+        probs = torch.softmax(torch.cat([stored, new], dim=-1), dim=-1).nan_to_num(0.0)
+        old_p, new_p = probs[..., :-1], probs[..., -1:]
+        out = torch.matmul(old_p.to(self.v.dtype), self.v) + new_p.to(v.dtype) * v
+        mass = probs.sum(2) * valid[:, None, None]  # [B, G, S + 1]: summed over the group's query heads
+        self.score += mass[..., :-1]
+        priority = K.h2o_priority(self.score, self.rank, real_after, self.sink, self.policy.recent)
+        slot = priority.argmin(-1, keepdim=True)  # [B, G, 1]: an empty slot, else the lowest-scoring evictable
+        keep_old = ~valid[:, None, None]
+        index = slot[..., None].expand(-1, -1, 1, self.k.shape[3])
+        for buffer, new_value in ((self.k, k), (self.v, v)):
+            buffer.scatter_(2, index, torch.where(keep_old[..., None], buffer.gather(2, index), new_value))
+        self.rank.scatter_(2, slot, torch.where(keep_old, self.rank.gather(2, slot), new_rank[:, None, None]))
+        self.score.scatter_(2, slot, torch.where(keep_old, self.score.gather(2, slot), mass[..., -1:]))
+        return K.gqa_outputs(out, q.shape[1])
+
+    def _grow_one_slot(self):
+        b, g, _, d = self.k.shape
+        self.k = torch.cat([self.k, self.k.new_zeros(b, g, 1, d)], dim=2)
+        self.v = torch.cat([self.v, self.v.new_zeros(b, g, 1, d)], dim=2)
+        self.rank = torch.cat([self.rank, self.rank.new_full((b, g, 1), -1)], dim=2)
+        self.score = torch.cat([self.score, self.score.new_zeros(b, g, 1)], dim=2)
+
+    def _attend_and_score(self, q, step: Step):
+        out, mass = attention_with_mass(q, self.k, self.v, step.new_ranks, self.rank, step.scaling)
+        self.score += mass
+        return out
+
+    def _evict(self, real_after):
+        priority = K.h2o_priority(self.score, self.rank, real_after, self.sink, self.policy.recent)
+        keep = K.h2o_keep_slots(priority, self.policy.budget)
+        if keep is None:
+            return
+        self.k, self.v = K.gather_slots(self.k, keep), K.gather_slots(self.v, keep)
+        self.rank, self.score = K.gather_slots(self.rank, keep), K.gather_slots(self.score, keep)
+
+    def fill(self, batch, context, head_dim, dtype, device):
+        kept = self.policy.tokens_kept(context)
+        self.k = torch.randn(batch, self.num_kv, kept, head_dim, dtype=dtype, device=device)
+        self.v = torch.randn_like(self.k)
+        self.rank = torch.arange(context - kept, context, device=device).expand(batch, self.num_kv, kept).clone()
+        self.score = torch.rand(batch, self.num_kv, kept, device=device)
+
+
+class StaticH2OGroup(H2OGroup):
+    """`budget` fixed slots per head; empty slots have rank -1 and are filled first."""
+
+    def attend(self, q, k, v, step: Step):
+        out = self._attend_chunk(q, k, v, step)  # compacts to <= budget slots
+        self._pad_to_budget()
+        return out
+
+    def _pad_to_budget(self) -> None:
+        budget, held = self.policy.budget, self.k.shape[2]
+        k, v, rank, score = self.k, self.v, self.rank, self.score
+        self.k, self.v = allocate_static(k, budget), allocate_static(v, budget)
+        self.rank, self.score = allocate_static(rank, budget, -1), allocate_static(score, budget)
+        for buffer, source in ((self.k, k), (self.v, v), (self.rank, rank), (self.score, score)):
+            buffer[:, :, :held] = source
+
+    def decode(self, q, k, v, step: DecodeStep):
+        return self._decode_in_place(q, k, v, step.new_rank, step.new_valid, step.real_after, step.scaling)
+
+    def fill(self, batch, context, head_dim, dtype, device):
+        super().fill(batch, context, head_dim, dtype, device)
+        self._pad_to_budget()

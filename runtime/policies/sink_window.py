@@ -1,0 +1,148 @@
+"""`sink_window`: a streaming head keeps the first `sink` tokens and the last `recent`.
+
+StreamingLLM (Xiao et al., ICLR 2024, arXiv 2309.17453); DuoAttention's streaming heads.
+A query of rank r attends to ranks < sink and in (r - recent, r], in prefill too: block-sparse
+FlexAttention, O(N·(sink + recent)). Every head of a group keeps the same ranks; `rank` [B, S]
+holds each slot's real-token rank (-1 empty). Slots are unordered: keys carry their position
+through RoPE, so a decode step overwrites the oldest window slot in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import kernels as K
+from ..step import DecodeStep, Step
+from ..window_attention import sink_window_attention
+from .base import HeadGroup, HeadPolicy, register_policy
+from .full import decode_sdpa
+from .static_buffers import allocate_static
+
+
+@register_policy
+@dataclass(frozen=True)
+class SinkWindow(HeadPolicy):
+    name = "sink_window"
+    sink: int = 64
+    recent: int = 256
+
+    def make_group(self, kv_heads, rep, max_length=None):
+        if max_length is None:
+            return SinkWindowGroup(self, kv_heads, rep)
+        return StaticSinkWindowGroup(self, kv_heads, rep)
+
+
+def kept_ranks_after(context: int, sink: int, recent: int) -> torch.Tensor:
+    """Ranks a sink-window head holds after `context` real tokens, ascending. [min(context, sink + recent)]"""
+    ranks = torch.arange(context)
+    return ranks[(ranks < sink) | (ranks >= context - recent)]
+
+
+class SinkWindowGroup(HeadGroup):
+    """Stores exactly min(T, sink + recent) slots per row."""
+
+    policy: SinkWindow
+
+    def __init__(self, policy, kv_heads, rep):
+        super().__init__(policy, kv_heads, rep)
+        self.rank: torch.Tensor | None = None
+
+    def attend(self, q, k, v, step: Step):
+        if q.shape[2] == 1 and self.k is not None and step.all_valid:
+            self._insert_one(k, v, step.new_ranks[:, 0])
+            return decode_sdpa(q, self.k, self.v, (self.rank >= 0)[:, None, None, :], step.scaling)
+        return self._attend_chunk(q, k, v, step)
+
+    def _insert_one(self, k, v, rank):  # k [B, G, 1, D], rank [B]
+        sink, budget = self.policy.sink, self.policy.budget
+        if self.k.shape[2] < budget and bool((self.rank >= 0).all(-1).any()):
+            b, g, _, d = self.k.shape
+            self.k = torch.cat([self.k, self.k.new_zeros(b, g, 1, d)], dim=2)
+            self.v = torch.cat([self.v, self.v.new_zeros(b, g, 1, d)], dim=2)
+            self.rank = torch.cat([self.rank, self.rank.new_full((b, 1), -1)], dim=1)
+        big = torch.iinfo(self.rank.dtype).max
+        order_key = torch.where(self.rank < 0, -1, torch.where(self.rank < sink, big, self.rank))
+        slot = order_key.argmin(-1)  # first empty slot, else the oldest window token
+        index = slot[:, None, None, None].expand(-1, self.k.shape[1], 1, self.k.shape[3])
+        self.k.scatter_(2, index, k)
+        self.v.scatter_(2, index, v)
+        self.rank.scatter_(1, slot[:, None], rank[:, None])
+
+    def _attend_chunk(self, q, k, v, step):
+        """Attend the chunk to the stored slots and itself, then keep only sink + recent."""
+        if self.k is None:
+            self.k, self.v = k[:, :, :0], v[:, :, :0]
+            self.rank = step.new_ranks[:, :0]
+        keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        ranks = torch.cat([self.rank, step.new_ranks], dim=1)
+        out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy.sink, self.policy.recent,
+                                    step.scaling)
+        keep = K.sink_window_keep(ranks, step.real_after, self.policy.sink, self.policy.recent)
+        order, count = K.compact_order(keep)
+        index = order[:, :count]
+        self.k, self.v = K.gather_slots(keys, index), K.gather_slots(values, index)
+        self.rank = torch.where(K.gather_slots(keep, index), K.gather_slots(ranks, index), -1)
+        return out
+
+    def fill(self, batch, context, head_dim, dtype, device):
+        ranks = kept_ranks_after(context, self.policy.sink, self.policy.recent).to(device)
+        self.k = torch.randn(batch, self.num_kv, len(ranks), head_dim, dtype=dtype, device=device)
+        self.v = torch.randn_like(self.k)
+        self.rank = ranks.expand(batch, -1).clone()
+
+
+class StaticSinkWindowGroup(SinkWindowGroup):
+    """A fixed ring buffer of sink + recent slots: rank r lives in slot `ring_slot(r)`, so a
+    decode step writes one slot it can compute from the rank alone (no search, no sync)."""
+
+    def ring_slot(self, rank: torch.Tensor) -> torch.Tensor:
+        sink, recent = self.policy.sink, self.policy.recent
+        return torch.where(rank < sink, rank, sink + (rank - sink) % recent)
+
+    def _allocate(self, like: torch.Tensor) -> None:
+        budget = self.policy.budget
+        self.k, self.v = allocate_static(like, budget), allocate_static(like, budget)
+        self.rank = allocate_static(like.new_empty(like.shape[0], 1, dtype=torch.long), budget, -1)
+
+    def attend(self, q, k, v, step: Step):
+        if self.k is None:
+            self._allocate(k)
+        keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        ranks = torch.cat([self.rank, step.new_ranks], dim=1)
+        out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy.sink, self.policy.recent,
+                                    step.scaling)
+        keep = K.sink_window_keep(ranks, step.real_after, self.policy.sink, self.policy.recent)
+        self._store(keys, values, ranks, keep)
+        return out
+
+    def _store(self, keys, values, ranks, keep) -> None:
+        """Move the kept slots to their ring slots; the rest go to a spare column that is dropped."""
+        budget = self.policy.budget
+        slot = torch.where(keep, self.ring_slot(ranks.clamp(min=0)), budget)  # [B, S]
+        for buffer, source in ((self.k, keys), (self.v, values)):
+            spread = source.new_zeros(*source.shape[:2], budget + 1, source.shape[3])
+            spread.scatter_(2, slot[:, None, :, None].expand_as(source), source)
+            buffer.copy_(spread[:, :, :budget])
+        spread_rank = ranks.new_full((ranks.shape[0], budget + 1), -1)
+        spread_rank.scatter_(1, slot, torch.where(keep, ranks, -1))
+        self.rank.copy_(spread_rank[:, :budget])
+
+    def decode(self, q, k, v, step: DecodeStep):
+        slot = self.ring_slot(step.new_rank.clamp(min=0))  # [B]
+        valid = step.new_valid
+        index = slot[:, None, None, None].expand(-1, self.k.shape[1], 1, self.k.shape[3])
+        for buffer, new in ((self.k, k), (self.v, v)):
+            buffer.scatter_(2, index, torch.where(valid[:, None, None, None], new, buffer.gather(2, index)))
+        old_rank = self.rank.gather(1, slot[:, None])
+        self.rank.scatter_(1, slot[:, None], torch.where(valid[:, None], step.new_rank[:, None], old_rank))
+        return decode_sdpa(q, self.k, self.v, (self.rank >= 0)[:, None, None, :], step.scaling)
+
+    def fill(self, batch, context, head_dim, dtype, device):
+        self._allocate(torch.empty(batch, self.num_kv, 1, head_dim, dtype=dtype, device=device))
+        ranks = kept_ranks_after(context, self.policy.sink, self.policy.recent).to(device)
+        slots = self.ring_slot(ranks)
+        self.k[:, :, slots] = torch.randn(batch, self.num_kv, len(ranks), head_dim, dtype=dtype, device=device)
+        self.v[:, :, slots] = torch.randn(batch, self.num_kv, len(ranks), head_dim, dtype=dtype, device=device)
+        self.rank[:, slots] = ranks

@@ -1,0 +1,32 @@
+"""The runtime benchmark runs every row kind and reports what the README's table shows."""
+
+import pytest
+
+from duocal_runtime.bench import rows as R
+from duocal_runtime.bench.__main__ import add_ratios, parse_args, rows_in_process
+
+
+@pytest.mark.slow
+def test_benchmark_rows_on_the_tiny_shape():
+    rows = "dynamic,full,stream50,h2o50,static,stream50-compiled"
+    args = parse_args(["--shape", "tiny", "--contexts", "600", "--rows", rows, "--steps", "4", "--warmup", "2",
+                       "--prefill-runs", "1", "--peak-bandwidth", "1e10"])
+    results = rows_in_process(args)
+    add_ratios(results, args.peak_bandwidth)
+    by_row = {r["row"]: r for r in results}
+    assert list(by_row) == rows.split(",")
+    assert all(r["decode_tok_s"] > 0 and 0 < r["bw_frac"] and r["kv_vs_min"] <= 1.02 for r in results)
+    assert by_row["dynamic"]["decode_speedup"] == 1.0
+    assert by_row["stream50"]["kv_vs_dynamic"] < 0.8 and by_row["h2o50"]["kv_vs_dynamic"] < 0.8
+    assert "prefill_s" in by_row["full"] and "prefill_s" not in by_row["static"]  # compiled rows: decode only
+    static = by_row["stream50-compiled"]  # preallocated: full heads hold max_length slots, streaming their window
+    assert static["kv_bytes"] == pytest.approx(static["kv_bytes_min"], rel=0.02)
+
+
+def test_unknown_rows_and_shapes_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--rows", "dynamic,fast"])
+    assert "unknown rows" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--shape", "gpt5"])
+    assert set(R.ROWS) >= {"dynamic", "static", "full", "stream50", "stream75", "h2o50", "full-compiled"}

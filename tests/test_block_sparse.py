@@ -1,0 +1,129 @@
+"""Block-sparse kernels: block maps equal the dense mask reduced per block, FlexAttention equals
+masked attention, H2O's attention mass without a probability matrix equals the dense sum, and
+long prompts through the runtime (the FlexAttention path) equal the dense per-head reference."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
+
+import duocal_runtime as dr
+from duocal_runtime import block_sparse as BS
+from duocal_runtime import kernels as K
+from duocal_runtime import scored_attention, window_attention
+
+from reference_attention import NAME, DenseReference, runtime_kept_ranks
+from runtime_models import left_padded_batch, tiny_model
+
+
+def ranks_with_padding(batch: int, t: int, pads: list[int], before: int = 0) -> torch.Tensor:
+    valid = torch.ones(batch, t, dtype=torch.bool)
+    for row, p in enumerate(pads):
+        valid[row, :p] = False
+    return K.ranks_of_new_tokens(valid, torch.full((batch,), before))
+
+
+def stored_ranks(batch: int, slots: int, below: int, seed: int, heads: int | None = None) -> torch.Tensor:
+    """Unordered stored slots with distinct ranks < `below` (some empty: -1)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (batch,) if heads is None else (batch, heads)
+    out = torch.stack([torch.randperm(below, generator=g)[:slots] for _ in range(torch.Size(shape).numel())])
+    out[:, ::5] = -1
+    return out.reshape(*shape, slots)
+
+
+@pytest.mark.parametrize("sink,recent", [(4, 16), (130, 200), (BS.NO_SINK, None)], ids=["window", "wide", "causal"])
+def test_block_maps_are_the_dense_mask_reduced_per_block(sink, recent):
+    q_rank = ranks_with_padding(2, 384, [0, 150], before=200)
+    k_rank = torch.cat([stored_ranks(2, 128, 200, seed=1), q_rank], 1)
+    partial, full = BS.visible_blocks(q_rank, k_rank, sink, recent)
+    if recent is None:
+        dense = K.causal_rank_mask(q_rank, k_rank)
+    else:
+        dense = K.sink_window_mask(q_rank, k_rank, sink, recent)
+    blocks = dense.unflatten(1, (-1, BS.BLOCK)).unflatten(3, (-1, BS.BLOCK))  # [B, nq, 128, nk, 128]
+    any_visible, all_visible = blocks.any(2).any(-1), blocks.all(2).all(-1)
+    assert torch.equal(full, all_visible)
+    assert not (any_visible & ~(partial | full)).any()  # no visible pair is ever skipped
+    assert not (partial & full).any()
+
+
+def test_visited_blocks_grow_linearly_with_length():
+    """sink 64 + recent 256: each query block visits the sink block and at most 4 window blocks."""
+    for n in (4096, 16384):
+        ranks = torch.arange(n)[None]
+        partial, full = BS.visible_blocks(ranks, ranks, 64, 256)
+        per_query_block = (partial | full).sum(-1)
+        assert int(per_query_block.max()) <= 5
+        assert int(full.sum()) > 0  # blocks inside the window skip the mask function
+
+
+def test_padded_lengths_are_few_and_tight():
+    lengths = [BS.padded_length(n) for n in range(1, 131073)]
+    assert all(p >= n and p % BS.BLOCK == 0 for n, p in zip(range(1, 131073), lengths))
+    assert all(p <= 1.125 * n for n, p in zip(range(1, 131073), lengths) if n > 16 * BS.BLOCK)
+    assert len(set(lengths)) <= 16 + 8 * 7  # 16 shapes up to 2k tokens, then 8 per doubling
+
+
+@pytest.mark.parametrize("heads,kv,t,stored,pads", [(4, 2, 300, 0, [0, 37]), (8, 2, 520, 60, [130, 0]), (4, 4, 700, 0, [0])])
+def test_flex_sink_window_equals_masked_attention(monkeypatch, heads, kv, t, stored, pads):
+    monkeypatch.setattr(window_attention, "DENSE_MAX_ELEMENTS", 0)
+    g = torch.Generator().manual_seed(0)
+    b = len(pads)
+    q = torch.randn(b, heads, t, 16, generator=g)
+    k, v = torch.randn(b, kv, stored + t, 16, generator=g), torch.randn(b, kv, stored + t, 16, generator=g)
+    q_rank = ranks_with_padding(b, t, pads, before=stored + 10)
+    k_rank = torch.cat([stored_ranks(b, stored, stored + 10, seed=2), q_rank], 1)
+    out = window_attention.sink_window_attention(q, k, v, q_rank, k_rank, 7, 100, 0.25)
+    mask = K.sink_window_mask(q_rank, k_rank, 7, 100)[:, None]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~mask.any(-1, keepdim=True), scale=0.25,
+                                          enable_gqa=True)
+    real = (q_rank >= 0)[:, None, :, None].expand_as(out)
+    torch.testing.assert_close(out[real], want[real], rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("route", ["blocked", "flex"])
+def test_attention_mass_without_a_probability_matrix_equals_the_dense_sum(monkeypatch, route):
+    """The flex route (outputs + lse, then the swapped call) runs uncompiled here: compiled
+    FlexAttention has no `return_lse` on CPU. On CUDA the same code runs compiled."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(scored_attention, "DENSE_MAX_ELEMENTS", 0)
+    monkeypatch.setattr(scored_attention, "BLOCK_ELEMENTS", 4096)
+    if route == "flex":
+        monkeypatch.setattr(scored_attention, "flex_route", lambda device: True)
+        monkeypatch.setattr(BS, "_compiled_flex_attention", lambda: flex_attention)
+    g = torch.Generator().manual_seed(0)
+    b, heads, kv, t, stored = 2, 4, 2, 301, 20
+    q = torch.randn(b, heads, t, 16, generator=g)
+    k, v = torch.randn(b, kv, stored + t, 16, generator=g), torch.randn(b, kv, stored + t, 16, generator=g)
+    q_rank = ranks_with_padding(b, t, [0, 37], before=stored + 30)
+    k_rank = torch.cat([stored_ranks(b, stored, stored + 30, seed=3, heads=kv), q_rank[:, None].expand(b, kv, t)], 2)
+    out, mass = scored_attention.attention_with_mass(q, k, v, q_rank, k_rank, 0.25)
+    logits = (K.gqa_queries(q, kv) @ k.transpose(-1, -2)).double() * 0.25  # [B, G, R*T, S]
+    visible = K.expand_mask_over_heads(K.causal_rank_mask(q_rank[:, None], k_rank), heads // kv)
+    probs = logits.masked_fill(~visible, float("-inf")).softmax(-1).nan_to_num(0.0)
+    torch.testing.assert_close(mass.double(), probs.sum(2), rtol=0, atol=2e-5)
+    want = K.gqa_outputs((probs @ v.double()).float(), heads)
+    real = (q_rank >= 0)[:, None, :, None].expand_as(out)
+    torch.testing.assert_close(out[real], want[real], rtol=0, atol=2e-6)
+
+
+@pytest.mark.slow
+def test_long_prompts_through_the_flex_path_match_the_dense_reference(monkeypatch):
+    monkeypatch.setattr(window_attention, "DENSE_MAX_ELEMENTS", 0)
+    model = tiny_model("llama")
+    plan = dr.Plan(dr.shape_of_config(model.config), [[dr.SinkWindow(4, 40), dr.H2O(20, 24)], [dr.Full(), dr.SinkWindow(8, 100)]])
+    ids, mask = left_padded_batch([300, 170])
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True)
+    with DenseReference(plan) as reference:
+        model.set_attn_implementation(NAME)
+        want = model.generate(**kwargs)
+        model.set_attn_implementation("sdpa")
+    with dr.apply(model, plan) as runtime:
+        cache = runtime.new_cache()
+        got = model.generate(**kwargs, cache=cache)
+    torch.testing.assert_close(torch.stack(got.logits), torch.stack(want.logits), rtol=0, atol=1e-4)
+    assert torch.equal(got.sequences, want.sequences)
+    for row in range(2):
+        assert runtime_kept_ranks(cache, 0, row, 1) == reference.kept_ranks(0, row, 1)
