@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.cli import app
 from duocal.demo import DEMO_MODEL_DIR
+from duocal.eval import models, variants
 from duocal.eval import passkey as pk
 from duocal.eval.passkey import PasskeyEvalConfig
 
@@ -45,10 +46,10 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.mark.parametrize("context", [200, 512, 1024])
 def test_h2o_matches_the_duo_budget(sparsity, context):
     profile = random_profile(layers=4, kv_heads=4, heads=8, head_dim=16)
-    duo = pk.duo_plan(profile, sparsity, WINDOW)
+    duo = variants.duo_plan(profile, sparsity, WINDOW)
     target = duo.kv_tokens(context)
-    assert pk.matched_tokens(SHAPE, sparsity, WINDOW, context) == target  # any head choice costs the same
-    h2o = pk.h2o_plan(SHAPE, target, context)
+    assert variants.matched_tokens(SHAPE, sparsity, WINDOW, context) == target  # any head choice costs the same
+    h2o = variants.h2o_plan(SHAPE, target, context)
     assert all(isinstance(p, dr.H2O) for row in h2o.policies for p in row)
     # at most the duo bytes, and short of them by less than one token per head
     assert target - SHAPE.num_kv_heads_total < h2o.kv_tokens(context) <= target
@@ -56,23 +57,23 @@ def test_h2o_matches_the_duo_budget(sparsity, context):
 
 
 def test_random_plans_draw_the_same_count_differently_and_reproducibly():
-    plans = pk.random_plans(SHAPE, 0.75, WINDOW, seeds=[0, 1, 2])
+    plans = variants.random_plans(SHAPE, 0.75, WINDOW, seeds=[0, 1, 2])
     streaming = [frozenset(i for i, p in enumerate(p for row in plan.policies for p in row)
                            if not isinstance(p, dr.Full)) for plan in plans]
     assert [len(s) for s in streaming] == [12, 12, 12]
     assert len(set(streaming)) == 3
-    assert pk.random_plans(SHAPE, 0.75, WINDOW, seeds=[0, 1, 2]) == plans
+    assert variants.random_plans(SHAPE, 0.75, WINDOW, seeds=[0, 1, 2]) == plans
 
 
 def test_variants_cover_policy_by_sparsity():
     profile = random_profile(layers=4, kv_heads=4, heads=8, head_dim=16)
     config = PasskeyEvalConfig(sparsities=(0.25, 0.5), random_seeds=2)
-    variants = pk.build_variants(SHAPE, config, 512, WINDOW, profile, {"mine": dr.uniform_plan(SHAPE, WINDOW)})
-    assert [(v.policy, v.sparsity, len(v.plans)) for v in variants] == [
+    rows = variants.build_variants(SHAPE, config, 512, WINDOW, profile, {"mine": dr.uniform_plan(SHAPE, WINDOW)})
+    assert [(v.policy, v.sparsity, len(v.plans)) for v in rows] == [
         ("full", 0.0, 1), ("duo", 0.25, 1), ("duo", 0.5, 1), ("streaming", 1.0, 1),
         ("h2o", 0.25, 1), ("h2o", 0.5, 1), ("random", 0.25, 2), ("random", 0.5, 2), ("mine", 1.0, 1),
     ]
-    duo = variants[2].plans[0]
+    duo = rows[2].plans[0]
     assert duo.num_streaming == 8 and duo == dr.plan(profile, sparsity=0.5, policy="sink_window", sink=8, recent=32)
 
 
@@ -92,10 +93,10 @@ def test_window_defaults_to_the_profile():
 # --- running --------------------------------------------------------------------------------
 def test_batched_answers_equal_answers_alone(tiny_model_dir):
     """Left-padded batches give every row the tokens it gets alone (prompts of unequal length)."""
-    model, tokenizer = pk.load_model(tiny_model_dir), pk.load_tokenizer(tiny_model_dir)
+    model, tokenizer = models.load_model(tiny_model_dir), models.load_tokenizer(tiny_model_dir)
     config = PasskeyEvalConfig(format="digits", samples=2)
     samples = pk.make_samples(tokenizer, 600, config) + pk.make_samples(tokenizer, 520, config)
-    pad = pk.pad_token_id(tokenizer, model.config)
+    pad = models.pad_token_id(tokenizer, model.config)
     plan = dr.plan_from_streaming_set(dr.shape_of_config(model.config), {1, 2}, WINDOW)
     with dr.apply(model, plan) as runtime:
         together, _ = pk.greedy_answers(model, runtime, pk.make_batches(samples, 4, pad)[0], pad)
@@ -104,7 +105,7 @@ def test_batched_answers_equal_answers_alone(tiny_model_dir):
 
 
 def test_rows_and_bytes(tiny_model_dir):
-    model, tokenizer = pk.load_model(tiny_model_dir), pk.load_tokenizer(tiny_model_dir)
+    model, tokenizer = models.load_model(tiny_model_dir), models.load_tokenizer(tiny_model_dir)
     config = PasskeyEvalConfig(policies=("full", "streaming", "h2o", "random"), sparsities=(0.5,),
                                contexts=(512,), samples=3, sink=8, recent=32, random_seeds=2, format="digits")
     seen = []

@@ -6,6 +6,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal.demo import DEMO_MODEL_DIR
+from duocal.eval import models, variants
 from duocal.eval import passkey as pk
 from duocal.eval.passkey import PasskeyEvalConfig
 from duocal.eval.retrieval_heads import flat_indices, needle_attention, needle_mass, top_heads
@@ -33,7 +34,7 @@ def test_top_heads_orders_and_cuts():
 
 
 def test_needle_attention_shape_and_bounds(tiny_model_dir):  # noqa: F811
-    model, tokenizer = pk.load_model(tiny_model_dir), pk.load_tokenizer(tiny_model_dir)
+    model, tokenizer = models.load_model(tiny_model_dir), models.load_tokenizer(tiny_model_dir)
     before = model.config._attn_implementation
     samples = pk.make_samples(tokenizer, 512, PasskeyEvalConfig(format="digits", samples=2))
     mass = needle_attention(model, samples)
@@ -47,7 +48,7 @@ def test_demo_retrieval_heads_carry_retrieval():
     the shipped model, whose retrieval sits in layer-1 KV heads 3, 1 and 0), or only the top two
     (14 of 16 streaming) -> near full accuracy;
     stream only them -> retrieval collapses to what StreamingLLM on every head gets."""
-    model, tokenizer = pk.load_model(DEMO_MODEL_DIR), pk.load_tokenizer(DEMO_MODEL_DIR)
+    model, tokenizer = models.load_model(DEMO_MODEL_DIR), models.load_tokenizer(DEMO_MODEL_DIR)
     probe = pk.make_samples(tokenizer, 512, PasskeyEvalConfig(samples=8, seed=31))
     mass = needle_attention(model, probe)
     heads = top_heads(mass)

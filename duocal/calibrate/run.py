@@ -34,17 +34,20 @@ from duocal.calibrate.gates import Gates, clamp_trainable_
 from duocal.calibrate.objective import GateObjective
 from duocal.calibrate.recipe import Recipe, load_resolved
 from duocal.calibrate.schedule import lr_factor
+from duocal.models import resolve_model
 
 DEMO_NAME = "duocal/demo-model"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def model_path(recipe: Recipe) -> str:
+    """The folder (or Hub id) of the recipe's model: `demo`, a known name (fetched into the cache
+    once), a local folder or a .gguf file (see duocal.models)."""
     if recipe.model.name_or_path == "demo":
         from duocal.demo import DEMO_MODEL_DIR
 
         return str(DEMO_MODEL_DIR)
-    return recipe.model.name_or_path
+    return resolve_model(recipe.model.name_or_path)
 
 
 def model_name(recipe: Recipe) -> str:

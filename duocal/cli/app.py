@@ -6,6 +6,7 @@ from . import profiles_remote  # noqa: F401  its decorators add `profiles list |
 from .calibrate import EPILOG as CALIBRATE_EPILOG
 from .calibrate import calibrate
 from .eval import eval_app
+from .models import models_app
 from .profiles import profiles_app
 
 app = typer.Typer(
@@ -17,4 +18,5 @@ app = typer.Typer(
 )
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(eval_app, name="eval")
+app.add_typer(models_app, name="models")
 app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate)

@@ -14,16 +14,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import duocal_runtime as dr
 
 from ..demo import DEMO_MODEL_DIR
-from ..eval.passkey import (
-    DEFAULT_SEED, POLICIES, PasskeyEvalConfig, check_eval, default_format, evaluate_passkey, load_model,
-    load_tokenizer,
-)
-from ..eval.report import plot_rows, render_table
+from ..eval.models import default_format, load_model, load_tokenizer
+from ..eval.passkey import DEFAULT_SEED, POLICIES, PasskeyEvalConfig, check_eval, evaluate_passkey
+from ..eval.perplexity import PerplexityConfig, evaluate_perplexity
+from ..eval.report import plot_rows, render_ppl_table, render_table
+from ..models import KNOWN_MODELS, resolve_model
 from .errors import user_errors
 
 eval_app = typer.Typer(help="Evaluate models under KV cache plans.", no_args_is_help=True)
 
 DEMO_PROFILE = "demo-model.json"  # in profiles/ (package duocal_runtime.prebuilt), once calibrated
+DEFAULT_TEXT = "gpl-3.0.txt"  # in duocal/assets/texts (see its README.md)
 
 
 EXAMPLES = {"sparsity": "0.25,0.5", "contexts": "512,1024", "policies": "full,h2o"}
@@ -41,20 +42,28 @@ def split(text: str, cast, what: str) -> list:
     return items
 
 
-def default_profile(model: Path) -> Optional[str]:
-    """The shipped demo profile, for the demo model, when the project ships one."""
-    if default_format(model) != "demo":
+def default_profile(model: str | Path) -> Optional[str]:
+    """The profile the project ships for this model (the demo model, or a known model by name), if any."""
+    if default_format(model) == "demo":
+        name = DEMO_PROFILE
+    elif str(model) in KNOWN_MODELS and KNOWN_MODELS[str(model)].profile:
+        name = KNOWN_MODELS[str(model)].profile
+    else:
         return None
-    shipped = resources.files("duocal_runtime.prebuilt") / DEMO_PROFILE
+    shipped = resources.files("duocal_runtime.prebuilt") / name
     return str(shipped) if shipped.is_file() else None
+
+
+ModelOpt = Annotated[Optional[str], typer.Option(
+    help="A model folder, a .gguf file, or a known name (duocal models list); default: the bundled demo model.")]
 
 
 @eval_app.command("passkey")
 def passkey(
-    model: Annotated[Path, typer.Option(help="Model folder (default: the bundled demo model).")] = DEMO_MODEL_DIR,
+    model: ModelOpt = None,
     profile: Annotated[Optional[str], typer.Option(
-        help="Profile for 'duo': a file or prebuilt name (default for the demo model: profiles/demo-model.json "
-             "when shipped).")] = None,
+        help="Profile for 'duo': a file or prebuilt name (default: the one the project ships for the model, "
+             "e.g. profiles/demo-model.json).")] = None,
     sparsity: Annotated[str, typer.Option(help="Fractions of KV heads made non-retrieval (duo, h2o, random).")]
     = "0.25,0.5,0.75",
     policies: Annotated[Optional[str], typer.Option(
@@ -74,6 +83,8 @@ def passkey(
     = None,
     haystack: Annotated[str, typer.Option(help="'synthetic', or a .txt / .jsonl file of filler text.")]
     = "synthetic",
+    passkeys: Annotated[Optional[int], typer.Option(
+        help="Needles per sample (1: the classic single-passkey task; default: 1 to 6).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only a JSON list of rows on stdout.")] = False,
     plot: Annotated[Path, typer.Option(help="Where to write the accuracy vs KV bytes PNG.")] = Path("passkey-eval.png"),
     no_plot: Annotated[bool, typer.Option("--no-plot", help="Do not write the PNG.")] = False,
@@ -91,20 +102,22 @@ def passkey(
       duocal eval passkey --profile my-profile.json --sparsity 0.5,0.75 --sink 16 --recent 64 --json > rows.json
     """
     with user_errors():
+        model = model or str(DEMO_MODEL_DIR)
         profile_ref = profile or default_profile(model)
+        model_dir = resolve_model(model)
         loaded = dr.load_profile(profile_ref) if profile_ref else None
         names = split(policies, str, "policies") if policies else [p for p in POLICIES if p != "duo" or loaded]
         config = PasskeyEvalConfig(
             policies=tuple(names), sparsities=tuple(split(sparsity, float, "sparsity")),
             contexts=tuple(split(contexts, int, "contexts")), samples=samples, seed=seed, sink=sink, recent=recent,
-            random_seeds=random_seeds, batch_size=batch_size, format=passkey_format or default_format(model),
-            haystack=haystack,
+            random_seeds=random_seeds, batch_size=batch_size, format=passkey_format or default_format(model_dir),
+            haystack=haystack, **({} if passkeys is None else {"num_passkeys": passkeys}),
         )
         from transformers import AutoConfig
 
-        tokenizer = load_tokenizer(model)
-        check_eval(config, AutoConfig.from_pretrained(model), loaded, tokenizer)  # before loading the weights
-        lm = load_model(model)
+        tokenizer = load_tokenizer(model_dir)
+        check_eval(config, AutoConfig.from_pretrained(model_dir), loaded, tokenizer)  # before loading the weights
+        lm = load_model(model_dir)
         err = Console(stderr=True)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True) as bar:
@@ -116,7 +129,67 @@ def passkey(
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
         window = config.window(loaded)
-        render_table(rows, title=f"{model.name}: {config.samples} samples per context, seed {config.seed}, "
+        render_table(rows, title=f"{Path(model).name}: {config.samples} samples per context, seed {config.seed}, "
                                  f"sink {window.sink} + recent {window.recent}")
     if not no_plot:
-        err.print(f"wrote {plot_rows(rows, plot, title=f'passkey retrieval, {model.name}')}")
+        err.print(f"wrote {plot_rows(rows, plot, title=f'passkey retrieval, {Path(model).name}')}")
+
+
+@eval_app.command("ppl")
+def ppl(
+    model: ModelOpt = None,
+    profile: Annotated[Optional[str], typer.Option(
+        help="Profile for 'duo' (default: the one the project ships for the model).")] = None,
+    text: Annotated[Optional[Path], typer.Option(
+        help="A UTF-8 text file (default: the GPL-3.0 text shipped in duocal/assets/texts).")] = None,
+    context: Annotated[int, typer.Option(help="Tokens per window.")] = 2048,
+    scored: Annotated[Optional[int], typer.Option(help="Tokens scored at the end of each window (default: half).")]
+    = None,
+    chunk: Annotated[int, typer.Option(help="Scored tokens fed per forward pass (1: token by token).")] = 64,
+    windows: Annotated[int, typer.Option(help="Most windows of CONTEXT tokens taken from the text.")] = 4,
+    sparsity: Annotated[str, typer.Option(help="Fractions of KV heads made non-retrieval (duo, h2o, random).")]
+    = "0.5",
+    policies: Annotated[Optional[str], typer.Option(
+        help=f"Comma-separated, from {','.join(POLICIES)} (default: all; without a profile all but duo).")] = None,
+    sink: Annotated[Optional[int], typer.Option(help="Sink tokens of streaming heads (default: the profile's).")]
+    = None,
+    recent: Annotated[Optional[int], typer.Option(help="Recent tokens of streaming heads (default: the profile's).")]
+    = None,
+    random_seeds: Annotated[int, typer.Option(help="Head draws for 'random' (mean, min, max).")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only a JSON list of rows on stdout.")] = False,
+):
+    """Perplexity of a long natural text under each plan, run through the per-head cache.
+
+    Each window: a prefill of the unscored part, then the scored tokens in chunks through the
+    cache (evicted tokens are gone; H2O evicts as it goes).
+
+    Example: duocal eval ppl --model smollm2-135m-instruct --context 4096 --sparsity 0.5,0.75
+    """
+    with user_errors():
+        model = model or str(DEMO_MODEL_DIR)
+        profile_ref = profile or default_profile(model)
+        loaded = dr.load_profile(profile_ref) if profile_ref else None
+        names = split(policies, str, "policies") if policies else [p for p in POLICIES if p != "duo" or loaded]
+        config = PerplexityConfig(policies=tuple(names), sparsities=tuple(split(sparsity, float, "sparsity")),
+                                  context=context, scored=scored, chunk=chunk, windows=windows, sink=sink,
+                                  recent=recent, random_seeds=random_seeds)
+        source = text or Path(str(resources.files("duocal") / "assets" / "texts" / DEFAULT_TEXT))
+        try:
+            content = source.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"cannot read --text {source}: {err}") from None
+        model_dir = resolve_model(model)
+        lm, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
+        err = Console(stderr=True)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as bar:
+            task = bar.add_task("ppl", total=None)
+            rows = evaluate_perplexity(lm, tokenizer, content, config, profile=loaded,
+                                       progress=lambda done, total, label: bar.update(
+                                           task, completed=done, total=total, description=label))
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+    else:
+        window = config.window(loaded)
+        render_ppl_table(rows, title=f"{Path(model).name}: {source.name}, sink {window.sink} + recent {window.recent}, "
+                                     f"chunks of {config.chunk}")

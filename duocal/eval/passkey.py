@@ -2,39 +2,29 @@
 
 Every row is greedy exact match: the model generates as many tokens as the answer has, under
 `model.generate()` with a `DuoCache` from `duocal_runtime.apply`, so evicted tokens are really
-gone (not masked). All policies see the same samples (one generator per context, same seed).
-
-| policy      | plan                                                     | sparsity  |
-|-------------|----------------------------------------------------------|-----------|
-| `full`      | every head full (the reference)                          | 0         |
-| `duo`       | the profile at that sparsity: its lowest-scoring heads on sink + recent (DuoAttention, arXiv 2410.10819) | each |
-| `streaming` | every head on sink + recent (StreamingLLM, arXiv 2309.17453) | 1     |
-| `h2o`       | every head on H2O (arXiv 2306.14048), with the KV bytes of `duo` at that sparsity | each |
-| `random`    | that many heads chosen at random on sink + recent; several seeds, mean / min / max | each |
-
-`h2o` and `random` do not need a profile: any plan with the same number of sink + recent heads
-has the same KV bytes. KV bytes are analytic (`Plan.kv_bytes` at the context length, one
+gone (not masked). All rows see the same samples (one generator per context, same seed); the
+rows (full, duo, streaming, h2o, random) are described in variants.py. KV bytes are analytic (`Plan.kv_bytes` at the context length, one
 sequence, the model's dtype) and measured (`DuoCache.kv_bytes()` at the end of generation, per
 sequence, including the slack of growing full-head buffers and left padding).
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator, PasskeySample
-from duocal.demo import DEMO_MODEL_DIR, DEMO_PASSKEY_FORMAT
+from duocal.demo import DEMO_PASSKEY_FORMAT
+from duocal.eval.models import pad_token_id
+from duocal.eval.variants import NEED_SPARSITY, ROW_KINDS, Variant, build_variants, head_policy
 from duocal_runtime.hf_compat import check_model_supported
 
-POLICIES = ("full", "duo", "streaming", "h2o", "random")
+POLICIES = ROW_KINDS  # the rows an evaluation can have
 # Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
 DEFAULT_SEED = 7777
 DEFAULT_WINDOW = dr.SinkWindow()
@@ -72,7 +62,7 @@ class PasskeyEvalConfig:
         if len(set(self.policies)) != len(self.policies):
             raise ValueError(f"policy given twice: {', '.join(self.policies)}")
         bad = [s for s in self.sparsities if not 0.0 <= s <= 1.0]
-        if bad or (not self.sparsities and any(p in self.policies for p in ("duo", "h2o", "random"))):
+        if bad or (not self.sparsities and any(p in self.policies for p in NEED_SPARSITY)):
             raise ValueError(f"sparsity must be in [0, 1] (fraction of KV heads made non-retrieval), got "
                              f"{', '.join(map(str, bad)) or 'none'}")
         if not self.contexts or any(c < 1 for c in self.contexts):
@@ -117,16 +107,6 @@ class PasskeyRow:
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
         return {**data, **self.extra}
-
-
-@dataclass(frozen=True)
-class Variant:
-    """The plans behind one row: one plan, or one per seed (random)."""
-
-    policy: str
-    sparsity: float
-    plans: tuple[dr.Plan, ...]
-    seeds: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -192,70 +172,6 @@ def make_batches(samples: Sequence[PasskeySample], batch_size: int, pad_id: int)
     return out
 
 
-# --- plans ----------------------------------------------------------------------------------
-def streaming_count(shape: dr.ModelShape, sparsity: float) -> int:
-    """KV heads made non-retrieval at `sparsity` (the runtime's rule: round(sparsity * heads))."""
-    return round(sparsity * shape.num_kv_heads_total)
-
-
-def matched_tokens(shape: dr.ModelShape, sparsity: float, window: dr.SinkWindow, context: int) -> int:
-    """Cached (token, KV head) pairs of any plan with `sparsity` of its heads on `window`, the rest full."""
-    heads = set(range(streaming_count(shape, sparsity)))
-    return dr.plan_from_streaming_set(shape, heads, window).kv_tokens(context)
-
-
-def duo_plan(profile: dr.Profile, sparsity: float, window: dr.SinkWindow) -> dr.Plan:
-    return dr.plan(profile, sparsity=sparsity, policy="sink_window", sink=window.sink, recent=window.recent)
-
-
-def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
-    """H2O on every head, each keeping `tokens // heads` (half heavy hitters, half recent, as in
-    the H2O paper), so the plan holds at most `tokens` (token, head) pairs at `context`."""
-    budget = max(2, min(context, tokens // shape.num_kv_heads_total))
-    recent = budget // 2
-    return dr.uniform_plan(shape, dr.H2O(heavy=budget - recent, recent=recent))
-
-
-def random_plans(shape: dr.ModelShape, sparsity: float, window: dr.SinkWindow,
-                 seeds: Sequence[int]) -> tuple[dr.Plan, ...]:
-    """For each seed, `streaming_count` heads drawn uniformly on `window`, the rest full."""
-    count, heads = streaming_count(shape, sparsity), range(shape.num_kv_heads_total)
-    return tuple(
-        dr.plan_from_streaming_set(shape, set(random.Random(f"duocal-eval-random:{seed}").sample(heads, count)), window)
-        for seed in seeds
-    )
-
-
-def build_variants(shape: dr.ModelShape, config: PasskeyEvalConfig, context: int, window: dr.SinkWindow,
-                   profile: dr.Profile | None = None, plans: Mapping[str, dr.Plan] | None = None) -> list[Variant]:
-    """Every row's plans at one context, in the order of `config.policies`, then `plans`."""
-    out: list[Variant] = []
-    for policy in config.policies:
-        if policy == "full":
-            out.append(Variant("full", 0.0, (dr.uniform_plan(shape, dr.Full()),)))
-        elif policy == "streaming":
-            out.append(Variant("streaming", 1.0, (dr.uniform_plan(shape, window),)))
-        else:
-            for s in config.sparsities:
-                if policy == "duo":
-                    out.append(Variant("duo", s, (duo_plan(profile, s, window),)))
-                elif policy == "h2o":
-                    out.append(Variant("h2o", s, (h2o_plan(shape, matched_tokens(shape, s, window, context), context),)))
-                else:
-                    seeds = tuple(range(config.random_seeds))
-                    out.append(Variant("random", s, random_plans(shape, s, window, seeds), seeds))
-    for name, plan in (plans or {}).items():
-        if plan.shape != shape:
-            raise ValueError(f"plan {name!r} is for {plan.shape.describe()}, the model has {shape.describe()}")
-        out.append(Variant(name, plan.sparsity, (plan,)))
-    return out
-
-
-def head_policy(plan: dr.Plan) -> dict[str, Any] | None:
-    """The first non-full policy of `plan` with its sizes (None for an all-full plan)."""
-    return next((p.to_dict() for row in plan.policies for p in row if not isinstance(p, dr.Full)), None)
-
-
 # --- running --------------------------------------------------------------------------------
 @torch.no_grad()
 def greedy_answers(model, runtime: dr.Runtime, batch: Batch, pad_id: int) -> tuple[list[tuple[int, ...]], int]:
@@ -303,14 +219,6 @@ def make_row(variant: Variant, context: int, results: list[tuple[list[bool], int
     return row
 
 
-def pad_token_id(tokenizer, model_config) -> int:
-    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(model_config, "pad_token_id", None),
-                      getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(candidate, int):
-            return candidate
-    return 0
-
-
 def evaluate_passkey(model, tokenizer, config: PasskeyEvalConfig = PasskeyEvalConfig(), *,
                      profile: dr.Profile | None = None, plans: Mapping[str, dr.Plan] | None = None,
                      progress: Progress | None = None) -> list[PasskeyRow]:
@@ -345,26 +253,3 @@ def evaluate_passkey(model, tokenizer, config: PasskeyEvalConfig = PasskeyEvalCo
         results = [run_plan(model, plan, batches, pad_id, tick) for plan in variant.plans]
         rows.append(make_row(variant, context, results, dtype, time.perf_counter() - started))
     return rows
-
-
-# --- the model ------------------------------------------------------------------------------
-def default_format(model_path: str | Path) -> str:
-    """The demo model's own passkey format for the demo model, the classic digits task otherwise."""
-    try:
-        is_demo = Path(model_path).resolve() == DEMO_MODEL_DIR.resolve()
-    except OSError:
-        is_demo = False
-    return DEMO_PASSKEY_FORMAT if is_demo else "digits"
-
-
-def load_model(model_path: str | Path):
-    """The model from a local folder or Hub name, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_path).eval()
-
-
-def load_tokenizer(model_path: str | Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)

@@ -1,4 +1,4 @@
-"""Passkey evaluation rows for people: a rich table and a PNG of accuracy versus KV bytes."""
+"""Evaluation rows for people: rich tables (passkey, perplexity) and a PNG of accuracy versus KV bytes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from duocal.eval.passkey import PasskeyRow
+from duocal.eval.perplexity import PerplexityRow
 
 POLICY_STYLE = {  # matplotlib colour and marker per policy; hand-made plans get the next free colour
     "full": ("black", "*"),
@@ -42,10 +43,26 @@ def heads_text(row: PasskeyRow) -> str:
     return f"{row.streaming_heads}/{row.num_heads} {name} {'+'.join(map(str, sizes.values()))}".rstrip()
 
 
+def wide_console() -> Console:
+    """Piped output has no terminal width; rich would fold tables into 80 columns."""
+    return Console() if Console().is_terminal else Console(width=132)
+
+
+def render_ppl_table(rows: Sequence[PerplexityRow], console: Console | None = None, title: str | None = None) -> None:
+    """Policy x sparsity -> perplexity, tokens scored, KV bytes and fraction of full."""
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for name in ("policy", "context", "sparsity", "ppl", "tokens scored", "KV bytes", "of full"):
+        table.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
+    for row in rows:
+        ppl = f"{row.ppl:.3f}" + (f" [{min(row.per_seed):.2f}-{max(row.per_seed):.2f}]" if row.per_seed else "")
+        table.add_row(row.policy, str(row.context), f"{row.sparsity:g}", ppl, str(row.tokens_scored),
+                      human_bytes(row.kv_bytes), f"{row.fraction_of_full:.3f}")
+    (console or wide_console()).print(table)
+
+
 def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, title: str | None = None) -> None:
     """Policy x context x sparsity -> exact match, KV bytes (analytic and measured), fraction of full."""
-    # Piped output has no terminal width; rich would fold the table into 80 columns.
-    console = console or (Console() if Console().is_terminal else Console(width=132))
+    console = console or wide_console()
     table = Table(title=title, box=box.SIMPLE_HEAD)
     for name, justify in (("policy", "left"), ("context", "right"), ("sparsity", "right"),
                           ("exact match", "right"), ("KV bytes", "right"), ("measured", "right"),

@@ -1,0 +1,158 @@
+"""Perplexity of a long natural text under each plan, through the per-head KV cache.
+
+Each window of `context` tokens runs the way a policy really runs: the first `context -
+scored` tokens are one prefill, then the scored tokens go through the cache in chunks of
+`chunk` tokens, each attending only to what the cache still holds (H2O evicts after every
+chunk; `chunk=1` is token-by-token decoding). The loss of every scored token (predicted from the
+tokens before it) is averaged over windows; ppl = exp(mean loss). Rows are the evaluation rows of
+variants.py (full, duo, streaming, h2o, random), on the same windows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+import duocal_runtime as dr
+from duocal.eval.variants import NEED_SPARSITY, ROW_KINDS, Variant, build_variants
+
+DEFAULT_WINDOW = dr.SinkWindow()
+
+Progress = Callable[[int, int, str], None]  # (windows done, windows in all, what is running)
+
+
+@dataclass(frozen=True)
+class PerplexityConfig:
+    """What to evaluate. Sizes are tokens; `scored` defaults to half of each window."""
+
+    policies: tuple[str, ...] = ("full", "duo", "streaming", "h2o", "random")
+    sparsities: tuple[float, ...] = (0.5,)
+    context: int = 2048
+    scored: int | None = None
+    chunk: int = 64
+    windows: int = 4
+    sink: int | None = None
+    recent: int | None = None
+    random_seeds: int = 3
+
+    def __post_init__(self):
+        object.__setattr__(self, "policies", tuple(self.policies))
+        object.__setattr__(self, "sparsities", tuple(float(s) for s in self.sparsities))
+        unknown = [p for p in self.policies if p not in ROW_KINDS]
+        if unknown or not self.policies:
+            raise ValueError(f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}; "
+                             f"choose from {', '.join(ROW_KINDS)}")
+        if any(not 0.0 <= s <= 1.0 for s in self.sparsities) or (
+                not self.sparsities and any(p in self.policies for p in NEED_SPARSITY)):
+            raise ValueError(f"sparsity must be in [0, 1], got {list(self.sparsities)}")
+        for name in ("context", "chunk", "windows", "random_seeds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 1 <= self.scored_tokens < self.context:
+            raise ValueError(f"scored must be between 1 and context - 1 ({self.context - 1}), got {self.scored}")
+
+    @property
+    def scored_tokens(self) -> int:
+        return self.context // 2 if self.scored is None else self.scored
+
+    def window(self, profile: dr.Profile | None) -> dr.SinkWindow:
+        d = profile.deploy if profile is not None else DEFAULT_WINDOW
+        return dr.SinkWindow(sink=self.sink or d.sink, recent=self.recent or d.recent)
+
+
+@dataclass
+class PerplexityRow:
+    policy: str
+    sparsity: float
+    context: int
+    tokens_scored: int  # per plan: windows x scored tokens
+    ppl: float  # mean over seeds for random
+    kv_bytes: int  # analytic at `context`, batch 1, model dtype
+    fraction_of_full: float
+    seconds: float
+    per_seed: list[float] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in asdict(self).items() if v is not None and k != "extra"}, **self.extra}
+
+
+def text_windows(tokenizer, text: str, context: int, windows: int) -> list[torch.Tensor]:
+    """Up to `windows` consecutive, non-overlapping windows of `context` token ids."""
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    count = min(windows, len(ids) // context)
+    if count == 0:
+        raise ValueError(f"the text has {len(ids)} tokens, fewer than one window of {context}; "
+                         "use a longer text or a shorter --context")
+    return [torch.tensor(ids[i * context : (i + 1) * context]) for i in range(count)]
+
+
+@torch.no_grad()
+def window_losses(model, runtime: dr.Runtime, window: torch.Tensor, scored: int, chunk: int) -> torch.Tensor:
+    """Losses (nats) of the last `scored` tokens of one window, fed through a fresh cache."""
+    cache, ids = runtime.new_cache(), window[None].to(model.device)
+    start = ids.shape[1] - scored
+    last = model(input_ids=ids[:, :start], cache=cache, logits_to_keep=1).logits  # predicts token `start`
+    losses = []
+    for i in range(start, ids.shape[1], chunk):
+        piece = ids[:, i : i + chunk]
+        logits = model(input_ids=piece, cache=cache).logits
+        predictions = torch.cat([last, logits[:, :-1]], dim=1)  # [1, len(piece), V]
+        losses.append(torch.nn.functional.cross_entropy(predictions[0].float(), piece[0], reduction="none"))
+        last = logits[:, -1:]
+    return torch.cat(losses)
+
+
+def plan_ppl(model, plan: dr.Plan, windows: Sequence[torch.Tensor], config: PerplexityConfig,
+             tick: Callable[[], None]) -> float:
+    losses = []
+    with dr.apply(model, plan) as runtime:
+        for window in windows:
+            losses.append(window_losses(model, runtime, window, config.scored_tokens, config.chunk))
+            tick()
+    return math.exp(float(torch.cat(losses).mean()))
+
+
+def make_row(variant: Variant, config: PerplexityConfig, ppls: list[float], windows: int, dtype, seconds) -> PerplexityRow:
+    plans = variant.plans
+    full_bytes = dr.uniform_plan(plans[0].shape, dr.Full()).kv_bytes(config.context, 1, dtype)
+    kv_bytes = round(sum(p.kv_bytes(config.context, 1, dtype) for p in plans) / len(plans))
+    return PerplexityRow(
+        policy=variant.policy, sparsity=variant.sparsity, context=config.context,
+        tokens_scored=windows * config.scored_tokens, ppl=sum(ppls) / len(ppls), kv_bytes=kv_bytes,
+        fraction_of_full=kv_bytes / full_bytes, seconds=round(seconds, 2),
+        per_seed=ppls if variant.seeds is not None else None,
+    )
+
+
+def evaluate_perplexity(model, tokenizer, text: str, config: PerplexityConfig = PerplexityConfig(), *,
+                        profile: dr.Profile | None = None, progress: Progress | None = None) -> list[PerplexityRow]:
+    """Perplexity of `text` for each row kind x sparsity, every plan on the same windows."""
+    if "duo" in config.policies and profile is None:
+        raise ValueError("policy 'duo' needs a profile of this model: pass --profile, or leave 'duo' out of --policies")
+    if profile is not None:
+        profile.check_compatible(model.config)
+    model.eval()
+    shape, dtype = dr.shape_of_config(model.config), next(model.parameters()).dtype
+    windows = text_windows(tokenizer, text, config.context, config.windows)
+    variants = build_variants(shape, config, config.context, config.window(profile), profile)
+    total, done = sum(len(v.plans) for v in variants) * len(windows), 0
+    rows = []
+    for variant in variants:
+        label = variant.policy + (f" @ sparsity {variant.sparsity:g}" if variant.policy in NEED_SPARSITY else "")
+
+        def tick():
+            nonlocal done
+            done += 1
+            if progress is not None:
+                progress(done, total, label)
+
+        started = time.perf_counter()
+        ppls = [plan_ppl(model, plan, windows, config, tick) for plan in variant.plans]
+        rows.append(make_row(variant, config, ppls, len(windows), dtype, time.perf_counter() - started))
+    return rows

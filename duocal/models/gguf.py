@@ -1,0 +1,35 @@
+"""GGUF -> a plain transformers folder (config, fp32 safetensors, tokenizer).
+
+transformers loads GGUF files (with the `gguf` package) and dequantizes them, but refuses to
+save such a model; rebuilding the same architecture from its config without the quantization
+config and loading the state dict gives a normal model that saves and reloads fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+class GGUFError(ValueError):
+    """A GGUF file that transformers cannot read as a causal LM."""
+
+
+def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
+    """Write `out_dir` (must not exist yet or be empty) from `gguf_file`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_file.parent), gguf_file.name
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise GGUFError(f"{gguf_file}: transformers cannot load it as a causal LM ({err})") from None
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = type(loaded)(config)
+    model.load_state_dict(loaded.state_dict())
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
