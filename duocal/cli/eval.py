@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from importlib import resources
 from pathlib import Path
@@ -52,6 +53,15 @@ def default_profile(model: str | Path) -> Optional[str]:
         return None
     shipped = resources.files("duocal_runtime.prebuilt") / name
     return str(shipped) if shipped.is_file() else None
+
+
+@contextlib.contextmanager
+def progress_bar(console: Console, label: str):
+    """A transient bar on stderr; yields the `progress(done, total, label)` callback evaluations take."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda done, total, what: bar.update(task, completed=done, total=total, description=what)
 
 
 ModelOpt = Annotated[Optional[str], typer.Option(
@@ -119,12 +129,8 @@ def passkey(
         check_eval(config, AutoConfig.from_pretrained(model_dir), loaded, tokenizer)  # before loading the weights
         lm = load_model(model_dir)
         err = Console(stderr=True)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as bar:
-            task = bar.add_task("passkey", total=None)
-            rows = evaluate_passkey(lm, tokenizer, config, profile=loaded,
-                                    progress=lambda done, total, label: bar.update(task, completed=done, total=total,
-                                                                                  description=label))
+        with progress_bar(err, "passkey") as progress:
+            rows = evaluate_passkey(lm, tokenizer, config, profile=loaded, progress=progress)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
@@ -180,13 +186,8 @@ def ppl(
             raise ValueError(f"cannot read --text {source}: {err}") from None
         model_dir = resolve_model(model)
         lm, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
-        err = Console(stderr=True)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as bar:
-            task = bar.add_task("ppl", total=None)
-            rows = evaluate_perplexity(lm, tokenizer, content, config, profile=loaded,
-                                       progress=lambda done, total, label: bar.update(
-                                           task, completed=done, total=total, description=label))
+        with progress_bar(Console(stderr=True), "ppl") as progress:
+            rows = evaluate_perplexity(lm, tokenizer, content, config, profile=loaded, progress=progress)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
     else:

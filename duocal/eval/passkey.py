@@ -21,13 +21,12 @@ import duocal_runtime as dr
 from duocal.data import PasskeyGenerator, PasskeySample
 from duocal.demo import DEMO_PASSKEY_FORMAT
 from duocal.eval.models import pad_token_id
-from duocal.eval.variants import NEED_SPARSITY, ROW_KINDS, Variant, build_variants, head_policy
+from duocal.eval.variants import ROW_KINDS, Variant, build_variants, check_rows, head_policy, streaming_window
 from duocal_runtime.hf_compat import check_model_supported
 
 POLICIES = ROW_KINDS  # the rows an evaluation can have
 # Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
 DEFAULT_SEED = 7777
-DEFAULT_WINDOW = dr.SinkWindow()
 
 Progress = Callable[[int, int, str], None]  # (sequences done, sequences in all, what is running)
 
@@ -55,16 +54,7 @@ class PasskeyEvalConfig:
         set_("policies", tuple(self.policies))
         set_("sparsities", tuple(float(s) for s in self.sparsities))
         set_("contexts", tuple(int(c) for c in self.contexts))
-        unknown = [p for p in self.policies if p not in POLICIES]
-        if unknown or not self.policies:
-            raise ValueError(f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}; "
-                             f"choose from {', '.join(POLICIES)}")
-        if len(set(self.policies)) != len(self.policies):
-            raise ValueError(f"policy given twice: {', '.join(self.policies)}")
-        bad = [s for s in self.sparsities if not 0.0 <= s <= 1.0]
-        if bad or (not self.sparsities and any(p in self.policies for p in NEED_SPARSITY)):
-            raise ValueError(f"sparsity must be in [0, 1] (fraction of KV heads made non-retrieval), got "
-                             f"{', '.join(map(str, bad)) or 'none'}")
+        check_rows(self.policies, self.sparsities)
         if not self.contexts or any(c < 1 for c in self.contexts):
             raise ValueError(f"contexts must be positive token counts, got {list(self.contexts)}")
         for name in ("samples", "random_seeds", "batch_size"):
@@ -76,9 +66,7 @@ class PasskeyEvalConfig:
                 raise ValueError(f"{name} must be a positive number of tokens, got {value}")
 
     def window(self, profile: dr.Profile | None) -> dr.SinkWindow:
-        """The sink + recent policy of streaming heads: given sizes, else the profile's, else 64 / 256."""
-        d = profile.deploy if profile is not None else DEFAULT_WINDOW
-        return dr.SinkWindow(sink=self.sink or d.sink, recent=self.recent or d.recent)
+        return streaming_window(profile, self.sink, self.recent)
 
 
 @dataclass

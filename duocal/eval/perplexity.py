@@ -19,9 +19,7 @@ from typing import Any
 import torch
 
 import duocal_runtime as dr
-from duocal.eval.variants import NEED_SPARSITY, ROW_KINDS, Variant, build_variants
-
-DEFAULT_WINDOW = dr.SinkWindow()
+from duocal.eval.variants import NEED_SPARSITY, ROW_KINDS, Variant, build_variants, check_rows, streaming_window
 
 Progress = Callable[[int, int, str], None]  # (windows done, windows in all, what is running)
 
@@ -30,7 +28,7 @@ Progress = Callable[[int, int, str], None]  # (windows done, windows in all, wha
 class PerplexityConfig:
     """What to evaluate. Sizes are tokens; `scored` defaults to half of each window."""
 
-    policies: tuple[str, ...] = ("full", "duo", "streaming", "h2o", "random")
+    policies: tuple[str, ...] = ROW_KINDS
     sparsities: tuple[float, ...] = (0.5,)
     context: int = 2048
     scored: int | None = None
@@ -43,13 +41,7 @@ class PerplexityConfig:
     def __post_init__(self):
         object.__setattr__(self, "policies", tuple(self.policies))
         object.__setattr__(self, "sparsities", tuple(float(s) for s in self.sparsities))
-        unknown = [p for p in self.policies if p not in ROW_KINDS]
-        if unknown or not self.policies:
-            raise ValueError(f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}; "
-                             f"choose from {', '.join(ROW_KINDS)}")
-        if any(not 0.0 <= s <= 1.0 for s in self.sparsities) or (
-                not self.sparsities and any(p in self.policies for p in NEED_SPARSITY)):
-            raise ValueError(f"sparsity must be in [0, 1], got {list(self.sparsities)}")
+        check_rows(self.policies, self.sparsities)
         for name in ("context", "chunk", "windows", "random_seeds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -61,8 +53,7 @@ class PerplexityConfig:
         return self.context // 2 if self.scored is None else self.scored
 
     def window(self, profile: dr.Profile | None) -> dr.SinkWindow:
-        d = profile.deploy if profile is not None else DEFAULT_WINDOW
-        return dr.SinkWindow(sink=self.sink or d.sink, recent=self.recent or d.recent)
+        return streaming_window(profile, self.sink, self.recent)
 
 
 @dataclass

@@ -23,6 +23,27 @@ import duocal_runtime as dr
 
 ROW_KINDS = ("full", "duo", "streaming", "h2o", "random")
 NEED_SPARSITY = ("duo", "h2o", "random")
+DEFAULT_WINDOW = dr.SinkWindow()
+
+
+def check_rows(policies: Sequence[str], sparsities: Sequence[float]) -> None:
+    """Raise `ValueError` for unknown or repeated row kinds and sparsities outside [0, 1]."""
+    unknown = [p for p in policies if p not in ROW_KINDS]
+    if unknown or not policies:
+        raise ValueError(f"unknown policy {', '.join(map(repr, unknown)) or '(none given)'}; "
+                         f"choose from {', '.join(ROW_KINDS)}")
+    if len(set(policies)) != len(policies):
+        raise ValueError(f"policy given twice: {', '.join(policies)}")
+    bad = [s for s in sparsities if not 0.0 <= s <= 1.0]
+    if bad or (not sparsities and any(p in policies for p in NEED_SPARSITY)):
+        raise ValueError(f"sparsity must be in [0, 1] (fraction of KV heads made non-retrieval), got "
+                         f"{', '.join(map(str, bad)) or 'none'}")
+
+
+def streaming_window(profile: dr.Profile | None, sink: int | None, recent: int | None) -> dr.SinkWindow:
+    """The sink + recent policy of streaming heads: given sizes, else the profile's, else 64 / 256."""
+    d = profile.deploy if profile is not None else DEFAULT_WINDOW
+    return dr.SinkWindow(sink=sink or d.sink, recent=recent or d.recent)
 
 
 @dataclass(frozen=True)
