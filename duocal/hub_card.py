@@ -2,7 +2,7 @@
 
 The card says which model the profile is for, its KV shape, how the scores were obtained
 (calibration settings, profiler, or upstream import), the deployment defaults and what they
-save, and how to pull it. The upload itself is `duocal_runtime.hub.upload_folder`.
+save, and how to pull it. The upload itself is `duocal_runtime.fetching.hub.upload_folder`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import duocal_runtime as dr
-from duocal_runtime.hub import HubRef, parse_hf_ref, upload_folder
+from duocal_runtime.fetching.hub import HubRef, parse_hf_ref, upload_folder
 
 from .plots import scores_heatmap
 

@@ -12,17 +12,17 @@ Public API::
 
 from .apply import Runtime, apply
 from .cache import DuoCache
-from .download import ChecksumError, DownloadError
+from .fetching.download import ChecksumError, DownloadError
 from .errors import CacheFullError, PlanError, ProfileError
 from .hf_compat import SUPPORTED_MODEL_TYPES
-from .hub import HubError
-from .loading import load_profile
+from .fetching.hub import HubError
+from .fetching.loading import load_profile
 from .model_shape import ModelShape, config_fingerprint, shape_of_config
 from .planning import Budget, Plan, plan, plan_from_streaming_set, uniform_plan
 from .policies import H2O, POLICIES, Full, HeadPolicy, SinkH2O, SinkWindow, make_policy, register_policy
-from .prebuilt_index import load_index
+from .fetching.prebuilt_index import load_index
 from .profile import DeployDefaults, ModelInfo, Profile, profile_from_dict, save_profile
-from .profile_cache import PulledProfile, pull
+from .fetching.pull import PulledProfile, pull
 from .upstream import export_upstream, import_upstream
 
 __all__ = [

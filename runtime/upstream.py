@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_atomic
+from .atomic import write_files_atomic
 from .errors import ProfileError
 from .model_shape import ModelShape, shape_of_config
 from .profile import DeployDefaults, ModelInfo, Profile
@@ -116,6 +116,5 @@ def export_upstream(profile: Profile, out_dir: str | os.PathLike) -> Path:
         **{k: v for k, v in training.items() if k not in ("sink_size", "recent_size")},
         "exported_by": "duocal",
     }
-    write_atomic(out_dir / TSV_NAME, "\n".join(lines) + "\n")
-    write_atomic(out_dir / CONFIG_NAME, json.dumps(config, indent=2) + "\n")
-    return out_dir
+    return write_files_atomic(out_dir, {TSV_NAME: "\n".join(lines) + "\n",
+                                        CONFIG_NAME: json.dumps(config, indent=2) + "\n"})

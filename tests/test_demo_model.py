@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from conftest import REPO
 from duocal.demo import DEMO_MODEL_DIR, DEMO_PASSKEY_FORMAT, demo_passkeys
-from duocal.demo.train import demo_generator, greedy_exact_match, load_recipe, save, train
+from duocal.demo.train import demo_generator, greedy_exact_match, load_training_recipe, save, train
 from duocal.eval.retrieval_heads import needle_attention
 
 RECIPE = REPO / "recipes" / "demo_model.yaml"
@@ -58,7 +58,7 @@ def test_demo_passkeys_are_the_training_distribution(demo, record):
 
 def test_training_record_meets_the_targets(record):
     # The shipped weights come from the shipped recipe (wherever its output was written).
-    assert {**record["recipe"], "output_dir": None} == {**load_recipe(RECIPE), "output_dir": None}
+    assert {**record["recipe"], "output_dir": None} == {**load_training_recipe(RECIPE), "output_dir": None}
     exact = record["exact_match"]
     assert set(exact) == {"256", "512", "1024", "2048"}
     assert exact["512"] >= 0.95 and exact["1024"] >= 0.95
@@ -100,7 +100,7 @@ TINY = [
 
 @pytest.mark.slow
 def test_recipe_trains_deterministically_and_saves_a_loadable_model(tmp_path):
-    recipe = load_recipe(RECIPE, TINY + [f"output_dir={tmp_path}"])
+    recipe = load_training_recipe(RECIPE, TINY + [f"output_dir={tmp_path}"])
     assert recipe["model"]["hidden_size"] == 32 and recipe["stages"][1]["lr"] == 5.0e-4
     first, second = train(recipe, log=lambda _: None), train(recipe, log=lambda _: None)
     for a, b in zip(first["model"].state_dict().values(), second["model"].state_dict().values()):
@@ -116,5 +116,5 @@ def test_recipe_trains_deterministically_and_saves_a_loadable_model(tmp_path):
 
 def test_recipe_overrides_are_checked():
     with pytest.raises(ValueError, match="key=value"):
-        load_recipe(RECIPE, ["seed"])
-    assert load_recipe(RECIPE, ["optim.lr=0.5"])["optim"]["lr"] == 0.5
+        load_training_recipe(RECIPE, ["seed"])
+    assert load_training_recipe(RECIPE, ["optim.lr=0.5"])["optim"]["lr"] == 0.5

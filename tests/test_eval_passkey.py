@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.cli import app
 from duocal.demo import DEMO_MODEL_DIR
+from duocal.data.padding import pad_batch
 from duocal.eval import models, variants
 from duocal.eval import passkey as pk
 from duocal.eval.passkey import PasskeyEvalConfig
@@ -77,10 +78,13 @@ def test_variants_cover_policy_by_sparsity():
     assert duo.num_streaming == 8 and duo == dr.plan(profile, sparsity=0.5, policy="sink_window", sink=8, recent=32)
 
 
-def test_left_pad():
-    ids, mask = pk.left_pad([(5, 6, 7), (8,)], pad_id=0)
+def test_pad_batch_left_right_and_multiple():
+    ids, mask = pad_batch([(5, 6, 7), (8,)], 0, left=True)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
-    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert mask.long().tolist() == [[1, 1, 1], [0, 0, 1]]
+    ids, mask = pad_batch([(5, 6, 7), (8,)], -1, multiple=4)
+    assert ids.tolist() == [[5, 6, 7, -1], [8, -1, -1, -1]]
+    assert mask.long().tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]
 
 
 def test_window_defaults_to_the_profile():

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 import duocal_runtime as dr
-from duocal_runtime.download import mirror_url
-from duocal_runtime.hub import HubRef, parse_hf_ref
-from duocal_runtime.prebuilt_index import (
+from duocal_runtime.fetching.download import mirror_url
+from duocal_runtime.fetching.hub import HubRef, parse_hf_ref
+from duocal_runtime.fetching.prebuilt_index import (
     IndexEntry, PathSource, UrlSource, default_index_path, index_from_dict, load_index, resolve,
 )
-from duocal_runtime.profile_cache import pull
+from duocal_runtime.fetching.pull import pull
 from duocal_runtime.upstream import KNOWN_MODELS, UPSTREAM_COMMIT, UPSTREAM_REPO
 
 from conftest import REPO

@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli import app
-from duocal_runtime.download import ChecksumError, DownloadError, DownloadSettings
-from duocal_runtime.prebuilt_index import load_index
-from duocal_runtime.profile_cache import pull
+from duocal_runtime.fetching.download import ChecksumError, DownloadError, DownloadSettings
+from duocal_runtime.fetching.prebuilt_index import load_index
+from duocal_runtime.fetching.pull import pull
 from duocal_runtime.upstream import KNOWN_MODELS
 
 from helpers import random_profile

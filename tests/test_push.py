@@ -22,8 +22,8 @@ import duocal_runtime as dr
 from duocal.cli import app
 from duocal.hub_card import render_card
 from duocal.plots import scores_heatmap
-from duocal_runtime.hub import HubRef
-from duocal_runtime.profile_cache import pull
+from duocal_runtime.fetching.hub import HubRef
+from duocal_runtime.fetching.pull import pull
 
 from fake_hub import FakeHub
 from helpers import random_profile

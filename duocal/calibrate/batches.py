@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from duocal.data import PasskeyGenerator, PasskeySample, SyntheticFiller
+from duocal.data.padding import pad_batch
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,9 @@ def answer_positions(sample: PasskeySample) -> list[int]:
 
 def tensors(samples: list[PasskeySample], pad_id: int, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded input_ids [b, T] (T a multiple of `multiple`) and the answer-position mask [b, T]."""
-    width = -(-max(len(s) for s in samples) // multiple) * multiple
-    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(samples), width), dtype=torch.bool)
+    ids, _ = pad_batch([s.input_ids for s in samples], pad_id, multiple=multiple)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
     for row, s in enumerate(samples):
-        ids[row, : len(s)] = torch.tensor(s.input_ids)
         mask[row, answer_positions(s)] = True
     return ids, mask
 

@@ -7,11 +7,18 @@ import contextlib
 import typer
 
 
+def describe(err: Exception) -> str:
+    """One line for the user: an OSError names its file and what went wrong, without the errno."""
+    if isinstance(err, OSError) and err.strerror and err.filename:
+        return f"{err.filename}: {err.strerror.lower()}"
+    return str(err)
+
+
 @contextlib.contextmanager
 def user_errors():
-    """Report `ValueError`s (ProfileError, PlanError, ...) as `error: ...` and exit 1."""
+    """Report `ValueError`s (ProfileError, PlanError, ...) and file-system errors as `error: ...`, exit 1."""
     try:
         yield
-    except (ValueError, FileNotFoundError) as err:
-        typer.echo(f"error: {err}", err=True)
+    except (ValueError, OSError) as err:
+        typer.echo(f"error: {describe(err)}", err=True)
         raise typer.Exit(1) from None

@@ -16,9 +16,10 @@ import duocal_runtime as dr
 
 from ..demo import DEMO_MODEL_DIR
 from ..eval.models import default_format, load_model, load_tokenizer
-from ..eval.passkey import DEFAULT_SEED, POLICIES, PasskeyEvalConfig, check_eval, evaluate_passkey
+from ..eval.passkey import DEFAULT_SEED, PasskeyEvalConfig, check_eval, evaluate_passkey
+from ..eval.variants import ROW_KINDS
 from ..eval.perplexity import PerplexityConfig, evaluate_perplexity
-from ..eval.report import plot_rows, render_ppl_table, render_table
+from ..eval.tables import check_plot_path, plot_rows, render_ppl_table, render_table
 from ..models import KNOWN_MODELS, resolve_model
 from .errors import user_errors
 
@@ -77,7 +78,7 @@ def passkey(
     sparsity: Annotated[str, typer.Option(help="Fractions of KV heads made non-retrieval (duo, h2o, random).")]
     = "0.25,0.5,0.75",
     policies: Annotated[Optional[str], typer.Option(
-        help=f"Comma-separated, from {','.join(POLICIES)} (default: all; without a profile all but duo).")] = None,
+        help=f"Comma-separated, from {','.join(ROW_KINDS)} (default: all; without a profile all but duo).")] = None,
     contexts: Annotated[str, typer.Option(help="Context lengths in tokens.")] = "512,1024",
     samples: Annotated[int, typer.Option(help="Samples per context (the same for every policy).")] = 40,
     seed: Annotated[int, typer.Option(help="Sample seed (the default is held out from the demo recipe).")]
@@ -96,8 +97,10 @@ def passkey(
     passkeys: Annotated[Optional[int], typer.Option(
         help="Needles per sample (1: the classic single-passkey task; default: 1 to 6).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only a JSON list of rows on stdout.")] = False,
-    plot: Annotated[Path, typer.Option(help="Where to write the accuracy vs KV bytes PNG.")] = Path("passkey-eval.png"),
-    no_plot: Annotated[bool, typer.Option("--no-plot", help="Do not write the PNG.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(
+        help="Where to write the accuracy vs KV bytes plot (.png/.pdf/.svg; default passkey-eval.png, none with "
+             "--json unless given).")] = None,
+    no_plot: Annotated[bool, typer.Option("--no-plot", help="Do not write the plot.")] = False,
 ):
     """Exact-match passkey retrieval through the per-head KV cache, per policy x context x sparsity.
 
@@ -112,11 +115,15 @@ def passkey(
       duocal eval passkey --profile my-profile.json --sparsity 0.5,0.75 --sink 16 --recent 64 --json > rows.json
     """
     with user_errors():
+        if plot is None and not as_json:
+            plot = Path("passkey-eval.png")
+        if plot is not None and not no_plot:
+            check_plot_path(plot)
         model = model or str(DEMO_MODEL_DIR)
         profile_ref = profile or default_profile(model)
         model_dir = resolve_model(model)
         loaded = dr.load_profile(profile_ref) if profile_ref else None
-        names = split(policies, str, "policies") if policies else [p for p in POLICIES if p != "duo" or loaded]
+        names = split(policies, str, "policies") if policies else [p for p in ROW_KINDS if p != "duo" or loaded]
         config = PasskeyEvalConfig(
             policies=tuple(names), sparsities=tuple(split(sparsity, float, "sparsity")),
             contexts=tuple(split(contexts, int, "contexts")), samples=samples, seed=seed, sink=sink, recent=recent,
@@ -137,8 +144,11 @@ def passkey(
         window = config.window(loaded)
         render_table(rows, title=f"{Path(model).name}: {config.samples} samples per context, seed {config.seed}, "
                                  f"sink {window.sink} + recent {window.recent}")
-    if not no_plot:
-        err.print(f"wrote {plot_rows(rows, plot, title=f'passkey retrieval, {Path(model).name}')}")
+    if plot is not None and not no_plot:
+        try:
+            err.print(f"wrote {plot_rows(rows, plot, title=f'passkey retrieval, {Path(model).name}')}")
+        except Exception as exc:  # the results are printed: a plot must not fail the command
+            err.print(f"warning: could not write the plot {plot}: {exc}")
 
 
 @eval_app.command("ppl")
@@ -156,7 +166,7 @@ def ppl(
     sparsity: Annotated[str, typer.Option(help="Fractions of KV heads made non-retrieval (duo, h2o, random).")]
     = "0.5",
     policies: Annotated[Optional[str], typer.Option(
-        help=f"Comma-separated, from {','.join(POLICIES)} (default: all; without a profile all but duo).")] = None,
+        help=f"Comma-separated, from {','.join(ROW_KINDS)} (default: all; without a profile all but duo).")] = None,
     sink: Annotated[Optional[int], typer.Option(help="Sink tokens of streaming heads (default: the profile's).")]
     = None,
     recent: Annotated[Optional[int], typer.Option(help="Recent tokens of streaming heads (default: the profile's).")]
@@ -175,7 +185,7 @@ def ppl(
         model = model or str(DEMO_MODEL_DIR)
         profile_ref = profile or default_profile(model)
         loaded = dr.load_profile(profile_ref) if profile_ref else None
-        names = split(policies, str, "policies") if policies else [p for p in POLICIES if p != "duo" or loaded]
+        names = split(policies, str, "policies") if policies else [p for p in ROW_KINDS if p != "duo" or loaded]
         config = PerplexityConfig(policies=tuple(names), sparsities=tuple(split(sparsity, float, "sparsity")),
                                   context=context, scored=scored, chunk=chunk, windows=windows, sink=sink,
                                   recent=recent, random_seeds=random_seeds)

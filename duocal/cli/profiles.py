@@ -10,7 +10,7 @@ import typer
 
 import duocal_runtime as dr
 
-from ..profile_report import profile_summary, render_summary
+from ..profile_summary import profile_summary, render_summary
 from .errors import user_errors
 
 profiles_app = typer.Typer(help="Inspect, validate, convert and fetch profiles.", no_args_is_help=True)

@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from duocal_runtime.prebuilt_index import IndexEntry, load_index
-from duocal_runtime.profile_cache import ProfileCache, default_cache_dir, pull as pull_profile
+from duocal_runtime.fetching.prebuilt_index import IndexEntry, load_index
+from duocal_runtime.fetching.pull import ProfileCache, default_cache_dir, pull as pull_profile
 
 from ..hub_card import push_profile
 from .errors import user_errors

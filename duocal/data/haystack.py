@@ -2,7 +2,7 @@
 
 A haystack is a stream of documents; the passkey generator tokenizes documents until it holds a
 pool of enough tokens, then cuts every sample's filler out of that pool. Sources: the built-in
-synthetic filler, a plain-text file, a JSON-lines file, or a ``datasets`` dataset (load it from
+synthetic filler, the classic repeated filler of the passkey task (`"repeated"`), a plain-text file, a JSON-lines file, or a ``datasets`` dataset (load it from
 local files yourself, e.g. ``datasets.load_dataset("json", data_files=...)``; nothing is fetched).
 """
 
@@ -17,6 +17,8 @@ from typing import Any
 from duocal.data.filler import SyntheticFiller
 
 _CHUNK_CHARS = 1 << 16  # plain text is tokenized in pieces of about this many characters
+# The passkey task's filler (Mohtashami & Jaggi 2023, arXiv 2305.16300): pretrained LLMs read past it.
+REPEATED_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,10 @@ class Haystack:
     def synthetic(cls, filler: SyntheticFiller | None = None, text_seed: int = 0) -> Haystack:
         filler = filler or SyntheticFiller()
         return cls(f"synthetic(seed={filler.seed}, words={filler.num_words})", lambda: filler.documents(text_seed))
+
+    @classmethod
+    def repeated(cls, sentence: str = REPEATED_FILLER) -> Haystack:
+        return cls("repeated", lambda: iter(lambda: sentence * 64, None))
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], name: str = "texts") -> Haystack:
@@ -70,13 +76,16 @@ class Haystack:
 
 
 def load_haystack(source: Any = "synthetic", text_field: str = "text") -> Haystack:
-    """``"synthetic"``, a ``Haystack``, a ``SyntheticFiller``, a file path, a dataset, or a list of strings."""
+    """``"synthetic"``, ``"repeated"``, a ``Haystack``, a ``SyntheticFiller``, a file path, a dataset, or a
+    list of strings."""
     if isinstance(source, Haystack):
         return source
     if isinstance(source, SyntheticFiller):
         return Haystack.synthetic(source)
     if isinstance(source, str) and source == "synthetic":
         return Haystack.synthetic()
+    if isinstance(source, str) and source == "repeated":
+        return Haystack.repeated()
     if isinstance(source, (str, Path)):
         return Haystack.from_file(source, text_field)
     if isinstance(source, (list, tuple)) and all(isinstance(t, str) for t in source):

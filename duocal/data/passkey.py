@@ -18,7 +18,6 @@ Determinism: sample ``i`` of seed ``s`` is drawn from ``random.Random(f"duocal-p
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -26,6 +25,8 @@ from typing import Any
 
 from duocal.data.formats import PasskeyFormat, get_format
 from duocal.data.haystack import Haystack, load_haystack
+from duocal.data.padding import pad_batch
+from duocal.data.templates import encode_blocks
 
 IGNORE_INDEX = -100
 QUESTIONS = ("one", "all")
@@ -185,7 +186,7 @@ class PasskeyGenerator:
         depths = sorted(rng.uniform(*self.depth) for _ in range(count))
         asked = rng.sample(range(count), count) if self.questions == "all" else [rng.randrange(count)]
         blocks = [(fmt.needle, k, v) for k, v in zip(keys, values)] + [(fmt.question, keys[i], values[i]) for i in asked]
-        encoded = _encode_blocks(self.tokenizer, blocks)
+        encoded = encode_blocks(self.tokenizer, blocks)
         needles, questions = encoded[:count], encoded[count:]
         fixed = len(self._head) + len(self._tail) + sum(len(b[0]) for b in encoded)
         filler = length - fixed
@@ -270,68 +271,8 @@ def _shift(span: tuple[int, int], offset: int) -> tuple[int, int]:
     return span[0] + offset, span[1] + offset
 
 
-_PLACEHOLDER = re.compile(r"(\{key\}|\{value\})")
-
-
-def _render(template: str, key: str, value: str) -> tuple[str, dict[str, tuple[int, int]]]:
-    """The template's text and the character spans of its first key and its value.
-
-    A span starts before the whitespace that precedes it (" 4821" is one token in many BPE
-    vocabularies, and the prompt should end before it).
-    """
-    text, spans = "", {}
-    for part in _PLACEHOLDER.split(template):
-        if part in ("{key}", "{value}"):
-            name = part[1:-1]
-            start = len(text)
-            text += key if name == "key" else value
-            floor = max((e for _, e in spans.values()), default=0)
-            while start > floor and text[start - 1].isspace():
-                start -= 1
-            spans.setdefault(name, (start, len(text)))
-        else:
-            text += part
-    return text, spans
-
-
-def _encode_blocks(tokenizer: Any, blocks: list[tuple[str, str, str]]):
-    """For each (template, key, value): (ids, key token span, value token span), in one tokenizer call."""
-    rendered = [_render(*b) for b in blocks]
-    texts, cuts = [], []
-    for text, spans in rendered:
-        bounds = sorted({c for span in spans.values() for c in span} - {0, len(text)})
-        cuts.append(bounds)
-        texts += [text[:c] for c in bounds] + [text]
-    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"])
-    out = []
-    for (text, spans), bounds in zip(rendered, cuts):
-        prefixes = [list(next(encoded)) for _ in bounds]
-        ids = list(next(encoded))
-        token_at = {0: 0, len(text): len(ids)}
-        for c, prefix in zip(bounds, prefixes):
-            if ids[: len(prefix)] != prefix:
-                raise ValueError(
-                    f"the tokenizer splits the passkey markers: in {text!r} a token crosses the boundary between "
-                    f"{text[:c][-20:]!r} and {text[c:][:20]!r}, so the key or value cannot be located. Put "
-                    "whitespace or punctuation around {key} and {value} in the format, or use another tokenizer"
-                )
-            token_at[c] = len(prefix)
-        key = spans.get("key", (0, 0))
-        value = spans["value"]
-        out.append((ids, (token_at[key[0]], token_at[key[1]]), (token_at[value[0]], token_at[value[1]])))
-    return out
-
-
 def collate(samples: Sequence[PasskeySample], pad_token_id: int) -> dict[str, Any]:
     """Right-padded ``input_ids`` / ``labels`` / ``attention_mask`` tensors, each ``[B, T_max]``."""
-    import torch
-
-    width = max(len(s) for s in samples)
-    ids = torch.full((len(samples), width), pad_token_id, dtype=torch.long)
-    labels = torch.full((len(samples), width), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((len(samples), width), dtype=torch.long)
-    for row, s in enumerate(samples):
-        ids[row, : len(s)] = torch.tensor(s.input_ids)
-        labels[row, : len(s)] = torch.tensor(s.labels)
-        mask[row, : len(s)] = 1
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+    ids, mask = pad_batch([s.input_ids for s in samples], pad_token_id)
+    labels, _ = pad_batch([s.labels for s in samples], IGNORE_INDEX)
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask.long()}

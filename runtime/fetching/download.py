@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .errors import ProfileError
+from ..errors import ProfileError
 
 MIRROR_ENV = "DUOCAL_MIRROR"
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})

@@ -25,13 +25,13 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .atomic import write_atomic
+from ..atomic import write_atomic
 from .download import DownloadSettings, env_mirror, fetch, mirror_url, sha256_hex, verify
-from .errors import ProfileError
+from ..errors import ProfileError
 from .hub import HubRef, env_offline, hub_download, parse_hf_ref
 from .prebuilt_index import IndexEntry, IndexFile, PathSource, PrebuiltIndex, UrlSource, resolve
-from .profile import Profile, profile_from_dict, profile_to_json, read_profile_file
-from .upstream import import_upstream
+from ..profile import Profile, profile_from_dict, profile_to_json, read_profile_file
+from ..upstream import import_upstream
 
 CACHE_ENV = "DUOCAL_CACHE_DIR"
 

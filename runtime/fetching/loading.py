@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import ProfileError
-from .profile import Profile, read_profile_file
-from .profile_cache import pull
-from .upstream import TSV_NAME, import_upstream
+from ..errors import ProfileError
+from ..profile import Profile, read_profile_file
+from .pull import pull
+from ..upstream import TSV_NAME, import_upstream
 
 
 def load_profile(

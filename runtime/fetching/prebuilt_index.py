@@ -35,17 +35,14 @@ from pathlib import Path
 from typing import Any, Union
 from urllib.parse import urlsplit
 
-from .errors import ProfileError
+from ..errors import ProfileError
+from .formats import DUOCAL, FORMAT_FILES, format_of, upstream_files
 from .hub import SCHEME as HF_SCHEME
 from .hub import HubRef, parse_hf_ref
-from .model_shape import SHAPE_FIELDS, ModelShape
+from ..model_shape import SHAPE_FIELDS, ModelShape
 
 INDEX_FORMAT, INDEX_VERSION = "duocal.index", 1
 INDEX_ENV = "DUOCAL_INDEX"
-FORMAT_FILES = {
-    "duocal": ("profile.json",),
-    "upstream-duo-attention": ("full_attention_heads.tsv", "config.json"),
-}
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT_IN_PATH = re.compile(r"/[0-9a-f]{40}(/|$)")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+-]*$")
@@ -95,13 +92,12 @@ class UrlSource:
 
     @property
     def format(self) -> str:
-        return "upstream-duo-attention" if urlsplit(self.url).path.endswith(".tsv") else "duocal"
+        return format_of(urlsplit(self.url).path)
 
     def files(self) -> dict[str, str]:
-        if self.format == "duocal":
+        if self.format == DUOCAL:
             return {"profile.json": self.url}
-        base = self.url.rsplit("/", 1)[0]
-        return {"full_attention_heads.tsv": self.url, "config.json": f"{base}/config.json"}
+        return upstream_files(self.url, self.url.rsplit("/", 1)[0])
 
 
 @dataclass(frozen=True)

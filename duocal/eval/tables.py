@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+import io
 from pathlib import Path
 
 from rich import box
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from duocal.eval.passkey import PasskeyRow
+from duocal_runtime.atomic import write_atomic
 from duocal.eval.perplexity import PerplexityRow
 
 POLICY_STYLE = {  # matplotlib colour and marker per policy; hand-made plans get the next free colour
@@ -99,7 +101,8 @@ def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = 
             x = [r.kv_bytes / 1024 for r in points]
             y = [r.exact_match for r in points]
             if all(r.min is not None for r in points):
-                err = [[r.exact_match - r.min for r in points], [r.max - r.exact_match for r in points]]
+                # clamped: the mean of draws can exceed their max by a rounding error (1e-17)
+                err = [[max(0.0, r.exact_match - r.min) for r in points], [max(0.0, r.max - r.exact_match) for r in points]]
                 ax.errorbar(x, y, yerr=err, color=color, marker=marker, capsize=3, label=policy)
             else:
                 ax.plot(x, y, color=color, marker=marker, label=policy)
@@ -113,6 +116,19 @@ def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = 
         fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=110, format=path.suffix.lstrip(".").lower())
+    return write_atomic(path, buffer.getvalue())
+
+
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def check_plot_path(path: Path) -> None:
+    """Raise `ValueError` before any work when the plot could not be written there."""
+    if path.is_dir():
+        raise ValueError(f"--plot {path} is a folder; give a file name such as {path / 'passkey.png'}")
+    if path.suffix.lower() not in PLOT_FORMATS:
+        raise ValueError(f"--plot {path}: give a file name ending in {', '.join(PLOT_FORMATS)}")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise ValueError(f"--plot {path}: {path.parent} is not a folder")
