@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import duocal_runtime as dr
@@ -55,7 +56,8 @@ def _gib(n: int) -> str:
 
 def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
-    console.print(f"[bold]{s['model'] or 'unnamed model'}[/] ({s['architecture'] or '?'}), source: {s['source']}")
+    console.print(f"[bold]{escape(str(s['model'] or 'unnamed model'))}[/] ({escape(str(s['architecture'] or '?'))}), "
+                  f"source: {escape(str(s['source']))}")
     console.print(
         f"{s['num_layers']} layers x {s['num_kv_heads']} KV heads ({s['num_attention_heads']} query heads, "
         f"head_dim {s['head_dim']}), fingerprint {s['fingerprint']}"

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import hf_compat
 from .cache import DuoCache, DuoCacheLayer
+from .arguments import require_instance
 from .errors import PlanError
 from .model_shape import shape_of_config
 from .planning import Plan
@@ -108,6 +109,9 @@ def apply(model, plan: Plan, *, prefill_chunk_size: int | None = None) -> Runtim
     attention memory is bounded by the chunk, and H2O heads evict after each chunk (so their
     kept set can differ from a one-pass prefill, as chunked prefill does in the H2O reference).
     """
+    require_instance("plan", plan, Plan, "a Plan (make one with dr.plan(profile, sparsity=...))")
+    if not hasattr(model, "config") or not hasattr(model, "set_attn_implementation"):
+        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     hf_compat.check_model_supported(model.config)
     shape = shape_of_config(model.config)
     if shape != plan.shape:

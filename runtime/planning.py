@@ -17,10 +17,12 @@ heads — the result is identical to upstream's.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .arguments import require_count, require_instance, require_number
 from .errors import PlanError
 from .model_shape import ModelShape
 from .policies import Full, HeadPolicy, policy_class, policy_from_dict
@@ -102,8 +104,8 @@ class Plan:
     # --- memory -------------------------------------------------------------------------
     def kv_tokens(self, context: int, batch: int = 1) -> int:
         """Cached (token, KV head) pairs at `context` tokens, summed over layers and heads."""
-        if context < 0 or batch < 1:
-            raise PlanError(f"context must be >= 0 and batch >= 1, got context={context}, batch={batch}")
+        require_count("context", context, 0)
+        require_count("batch", batch, 1)
         return batch * sum(p.tokens_kept(context) for row in self.policies for p in row)
 
     def kv_bytes(self, context: int, batch: int = 1, dtype: Any = "bfloat16") -> int:
@@ -182,7 +184,7 @@ class Budget:
             number = float(m.group(1)) if m else float("nan")
         except ValueError:
             number = float("nan")
-        if number != number or number <= 0 or (unit not in _BYTE_UNITS and unit not in _TOKEN_UNITS):
+        if not math.isfinite(number) or number <= 0 or (unit not in _BYTE_UNITS and unit not in _TOKEN_UNITS):
             raise PlanError(
                 f"cannot read budget {text!r}: give bytes ('12GiB', '500MB') or tokens ('2000000 tokens')"
             )
@@ -238,6 +240,13 @@ def plan(
     the profile's deploy sparsity is used. Non-retrieval heads get `policy` (default: the
     profile's) with the given sizes (defaults: the profile's deploy sizes).
     """
+    require_instance("profile", profile, Profile, "a Profile (load one with dr.load_profile(path_or_name))")
+    for name, value, lo, hi in (("sparsity", sparsity, 0, 1), ("threshold", threshold, None, None)):
+        if value is not None:
+            require_number(name, value, lo, hi)
+    if context is not None:
+        require_count("context", context, 1)
+    require_count("batch", batch, 1)
     chosen = [name for name, v in (("sparsity", sparsity), ("threshold", threshold), ("budget", budget)) if v is not None]
     if len(chosen) > 1:
         raise PlanError(f"give one of sparsity, threshold or budget, not {' and '.join(chosen)}")

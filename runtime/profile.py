@@ -48,8 +48,9 @@ class DeployDefaults:
     h2o_recent: int = 128
 
     def __post_init__(self):
-        if not 0.0 <= self.sparsity <= 1.0:
-            raise ProfileError(f"deploy.sparsity must be in [0, 1], got {self.sparsity!r}")
+        if isinstance(self.sparsity, bool) or not isinstance(self.sparsity, (int, float)) \
+                or not 0.0 <= self.sparsity <= 1.0:
+            raise ProfileError(f"deploy.sparsity must be a number in [0, 1], got {self.sparsity!r}")
         if self.policy not in bounded_policy_names():
             raise ProfileError(
                 f"deploy.policy must be one of {', '.join(bounded_policy_names())}, got {self.policy!r}"
@@ -178,8 +179,14 @@ def profile_from_dict(data: Any) -> Profile:
     unknown = set(deploy) - set(DeployDefaults.__dataclass_fields__)
     if unknown:
         raise ProfileError(f"unknown deploy field(s) {sorted(unknown)}")
+    for key in ("name_or_path", "revision", "architecture"):
+        if model.get(key) is not None and not isinstance(model[key], str):
+            raise ProfileError(f"model.{key} must be a string or null, got {model[key]!r:.60}")
+    source = data.get("source") or {}
+    if not isinstance(source, dict):
+        raise ProfileError(f"field 'source' must be an object (how the scores were obtained), got {source!r:.60}")
     info = ModelInfo(shape, model.get("name_or_path"), model.get("revision"), model.get("architecture"))
-    return Profile(info, data["scores"], dict(data.get("source") or {}), DeployDefaults(**deploy))
+    return Profile(info, data["scores"], dict(source), DeployDefaults(**deploy))
 
 
 def profile_to_json(profile: Profile) -> str:
@@ -203,12 +210,16 @@ def read_profile_file(path: str | os.PathLike) -> Profile:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ProfileError(f"profile file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{path} is a folder, not a profile file") from None
     except UnicodeDecodeError:
         raise ProfileError(f"{path} is not a text JSON file (corrupt or binary)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ProfileError(f"{path} is not valid JSON ({err}); the file is corrupt or truncated") from None
+    except RecursionError:
+        raise ProfileError(f"{path} nests JSON too deeply to be a profile") from None
     try:
         return profile_from_dict(data)
     except ProfileError as err:

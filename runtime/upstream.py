@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from .atomic import write_files_atomic
 from .errors import ProfileError
 from .model_shape import ModelShape, shape_of_config
+from .hf_compat import load_local_config
 from .profile import DeployDefaults, ModelInfo, Profile
 
 TSV_NAME = "full_attention_heads.tsv"
@@ -45,9 +47,12 @@ def parse_upstream_tsv(text: str, where: str = TSV_NAME) -> list[list[float]]:
         if not line.strip():
             continue
         try:
-            rows.append([float(x) for x in line.split()])
+            row = [float(x) for x in line.split()]
         except ValueError:
             raise ProfileError(f"{where} line {lineno} is not tab-separated numbers: {line[:60]!r}") from None
+        if not all(math.isfinite(x) for x in row):
+            raise ProfileError(f"{where} line {lineno} holds a non-finite gate (nan or inf): {line[:60]!r}")
+        rows.append(row)
     if not rows:
         raise ProfileError(f"{where} is empty")
     return rows
@@ -56,9 +61,7 @@ def parse_upstream_tsv(text: str, where: str = TSV_NAME) -> list[list[float]]:
 def _model_info(config: dict, model_config: str | os.PathLike | None) -> ModelInfo:
     name = Path(str(config.get("model_name") or "")).name
     if model_config is not None:
-        from transformers import AutoConfig  # imported lazily: only needed for unknown models
-
-        cfg = AutoConfig.from_pretrained(model_config)
+        cfg = load_local_config(model_config)
         archs = getattr(cfg, "architectures", None) or [None]
         return ModelInfo(shape_of_config(cfg), getattr(cfg, "_name_or_path", None) or name or None, None, archs[0])
     if name not in KNOWN_MODELS:
@@ -83,8 +86,10 @@ def import_upstream(
             raise ProfileError(f"{pattern_dir} is not an upstream DuoAttention pattern directory: {path.name} is missing")
     try:
         config = json.loads(cfg.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise ProfileError(f"{cfg} is not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ProfileError(f"{cfg} must hold a JSON object (upstream's training arguments), not a {type(config).__name__}")
     tsv_bytes = tsv.read_bytes()
     raw = parse_upstream_tsv(tsv_bytes.decode(errors="replace"), str(tsv))
     info = _model_info(config, model_config)

@@ -39,7 +39,7 @@ def test_recipe_loads_and_validates(path: Path):
 
 
 def test_demo_recipe_is_the_default_and_fits_the_demo_model():
-    from duocal.calibrate.run import validate
+    from duocal.calibrate.setup import validate
 
     recipe = load_recipe(None)
     assert Path(recipe.source).name == "calibrate_demo.yaml" and recipe.model.name_or_path == "demo"
@@ -54,7 +54,7 @@ def test_overrides_and_unknown_keys():
         load_recipe(None, ["attention.window=3"])
     with pytest.raises(ValueError, match="is not key=value"):
         load_recipe(None, ["train.steps"])
-    with pytest.raises(ValueError, match="data.depth must be a range within"):
+    with pytest.raises(ValueError, match=r"data.depth: Input should be less than or equal to 1"):
         recipe_from_dict({"data": {"depth": [0.5, 1.5]}})
 
 

@@ -141,7 +141,7 @@ def test_resume_after_kill_reaches_the_same_gates(tiny_dir, tmp_path):
     (["train.stepz=3"], "unknown recipe key train.stepz"),
     (["data.context=[64,100000]"], "max_position_embeddings"),
     (["data.context=[20,30]", "data.num_passkeys=6"], "raise context_length or lower num_passkeys"),
-    (["deepspeed.zero_stage=4"], "zero_stage must be 0, 1, 2 or 3"),
+    (["deepspeed.zero_stage=4"], "deepspeed.zero_stage: Input should be 0, 1, 2 or 3"),
     (["train.batch_size=3", "train.micro_batch_size=2"], "multiple of train.micro_batch_size"),
 ])
 def test_bad_input_fails_before_any_work(tiny_dir, tmp_path, overrides, message):

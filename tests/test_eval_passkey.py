@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.cli import app
 from duocal.demo import DEMO_MODEL_DIR
-from duocal.data.padding import pad_batch
+from duocal.data.padding import pad_batch, pad_token_id
 from duocal.eval import models, variants
 from duocal.eval import passkey as pk
 from duocal.eval.passkey import PasskeyEvalConfig
@@ -100,7 +100,7 @@ def test_batched_answers_equal_answers_alone(tiny_model_dir):
     model, tokenizer = models.load_model(tiny_model_dir), models.load_tokenizer(tiny_model_dir)
     config = PasskeyEvalConfig(format="digits", samples=2)
     samples = pk.make_samples(tokenizer, 600, config) + pk.make_samples(tokenizer, 520, config)
-    pad = models.pad_token_id(tokenizer, model.config)
+    pad = pad_token_id(tokenizer, model.config)
     plan = dr.plan_from_streaming_set(dr.shape_of_config(model.config), {1, 2}, WINDOW)
     with dr.apply(model, plan) as runtime:
         together, _ = pk.greedy_answers(model, runtime, pk.make_batches(samples, 4, pad)[0], pad)

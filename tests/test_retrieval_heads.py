@@ -6,7 +6,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal.demo import DEMO_MODEL_DIR
-from duocal.eval import models, variants
+from duocal.eval import models
 from duocal.eval import passkey as pk
 from duocal.eval.passkey import PasskeyEvalConfig
 from duocal.eval.retrieval_heads import flat_indices, needle_attention, needle_mass, top_heads

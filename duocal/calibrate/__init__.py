@@ -3,6 +3,8 @@
 Components (one concept per file): `gates` (the trainable gates and their clamp), `streaming`
 (blocked streaming attention), `gated_attention` (the registered attention function of the
 teacher and student passes), `loss`, `schedule`, `objective` (the module DeepSpeed wraps),
-`engine` (DeepSpeed set-up), `ulysses` (sequence parallelism), `checkpoint`, `recipe`, `run`
-(the training loop), `launch` (torchrun), `ranking` (tie-resolving head ranking).
+`engine` (DeepSpeed set-up), `ulysses` (sequence parallelism), `checkpoint`, `recipe`, `setup`
+(the model, its checks and the gated objective, shared by the run, the ranking and the step
+benchmark), `run` (the training loop), `launch` (torchrun), `ranking` (tie-resolving head
+ranking), `report` (the run folder's outputs), `measure` (losses of candidate plans).
 """

@@ -22,6 +22,13 @@ import time
 from pathlib import Path
 
 import torch
+from rich.console import Console
+from rich.table import Table
+
+from duocal.calibrate import engine as ds
+from duocal.calibrate.batches import StepData
+from duocal.calibrate.recipe import load_recipe
+from duocal.calibrate.setup import build_objective, gated_attention, load_frozen_model, validate
 
 
 def median_seconds(fn, repeat: int, warmup: int = 1) -> float:
@@ -36,21 +43,14 @@ def median_seconds(fn, repeat: int, warmup: int = 1) -> float:
 
 
 def bench(model_name: str, contexts: list[int], repeat: int, sink: int, recent: int, block: int) -> list[dict]:
-    from duocal.calibrate import engine as ds
-    from duocal.calibrate.batches import StepData, make_generator
-    from duocal.calibrate.gated_attention import Gating, install, uninstall
-    from duocal.calibrate.gates import Gates
-    from duocal.calibrate.objective import GateObjective
-    from duocal.calibrate.recipe import load_recipe
-    from duocal.calibrate.run import load_config_and_tokenizer, load_model
-
     rows = []
     for context in contexts:
-        recipe = load_recipe(None, [f"model.name_or_path={model_name}", f"data.context={context}"])
-        _, tokenizer = load_config_and_tokenizer(recipe)
-        data = StepData(make_generator(recipe.data, tokenizer), tokenizer.pad_token_id or 0, 1, 1)
+        recipe = load_recipe(None, [f"model.name_or_path={model_name}", f"data.context={context}",
+                                    f"attention.sink={sink}", f"attention.recent={recent}", f"attention.block={block}"])
+        checked = validate(recipe)
+        data = StepData(checked.generator, checked.pad_id, 1, 1)
         micro = data.micro_batches(0, 0)[0]
-        model = load_model(recipe)
+        model = load_frozen_model(recipe)
         ids = micro.input_ids
 
         for p in model.parameters():
@@ -66,32 +66,36 @@ def bench(model_name: str, contexts: list[int], repeat: int, sink: int, recent: 
 
         times = {"plain fwd+bwd (LM)": median_seconds(plain_lm, repeat),
                  "plain fwd+bwd (decoder)": median_seconds(plain_decoder, repeat)}
-        previous = install(model)
-        config = model.config
-        gates = Gates(config.num_hidden_layers, config.num_key_value_heads)
-        objective = GateObjective(model.get_decoder(), gates, Gating(sink, recent, block), reg=0.05)
-
-        def calibration():
-            gates.zero_grad(set_to_none=True)
-            objective(micro.input_ids, micro.position_ids, micro.positions, micro.scale)[0].backward()
-
-        times["calibration fwd+bwd"] = median_seconds(calibration, repeat)
-        with ds.process_group():
-            cfg = ds.deepspeed_config(recipe.deepspeed, 1, 1, 1, "float32", gates.weight.numel())
-            engine = ds.initialize(objective, cfg, 0.02, (0.9, 0.999))
-
-            def step():
-                loss = engine(micro.input_ids, micro.position_ids, micro.positions, micro.scale)[0]
-                engine.backward(loss)
-                engine.step()
-
-            times["calibration step"] = median_seconds(step, repeat)
-        uninstall(model, previous)
+        with gated_attention(model):
+            times.update(calibration_times(recipe, model, micro, repeat))
         base = times["plain fwd+bwd (LM)"]
         for name, seconds in times.items():
             rows.append({"context": context, "tokens": int(ids.numel()), "what": name, "seconds": round(seconds, 5),
                          "ratio": round(seconds / base, 3)})
     return rows
+
+
+def calibration_times(recipe, model, micro, repeat: int) -> dict[str, float]:
+    """The gated objective's forward+backward alone, and as a one-process DeepSpeed step."""
+    objective = build_objective(model, recipe, init=1.0)
+    gates, times = objective.gates, {}
+
+    def calibration():
+        gates.zero_grad(set_to_none=True)
+        objective(micro.input_ids, micro.position_ids, micro.positions, micro.scale)[0].backward()
+
+    times["calibration fwd+bwd"] = median_seconds(calibration, repeat)
+    with ds.process_group():
+        cfg = ds.deepspeed_config(recipe.deepspeed, 1, 1, 1, "float32", gates.weight.numel())
+        engine = ds.initialize(objective, cfg, 0.02, (0.9, 0.999))
+
+        def step():
+            loss = engine(micro.input_ids, micro.position_ids, micro.positions, micro.scale)[0]
+            engine.backward(loss)
+            engine.step()
+
+        times["calibration step"] = median_seconds(step, repeat)
+    return times
 
 
 def main(argv=None) -> None:
@@ -108,9 +112,6 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = bench(args.model, [int(c) for c in args.contexts.split(",")], args.repeat, args.sink, args.recent, args.block)
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"calibration step vs plain forward+backward ({args.model}, {args.threads} thread)")
     for column in ("context", "tokens", "what", "ms", "x plain (LM)"):
         table.add_column(column, justify="left" if column == "what" else "right")

@@ -23,11 +23,24 @@ def checkpoint_dir(output: Path) -> Path:
 
 
 def latest(output: Path) -> dict | None:
-    """{"tag": ..., "step": ...} of the last complete checkpoint, or None."""
+    """{"tag": ..., "step": ...} of the last complete checkpoint, or None. A damaged `latest.json`
+    (not JSON, not that object, naming a tag that is not there) is a `ValueError` saying what to do."""
     path = checkpoint_dir(output) / LATEST
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    damaged = f"{path} is damaged"
+    advice = "delete the checkpoints folder to restart the run from step 0, or start a new run with another --output"
+    try:
+        info = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise ValueError(f"{damaged} (not JSON); {advice}") from None
+    if (not isinstance(info, dict) or not isinstance(info.get("tag"), str)
+            or isinstance(info.get("step"), bool) or not isinstance(info.get("step"), int) or info["step"] < 0):
+        raise ValueError(f"{damaged} (expected {{\"tag\": ..., \"step\": N}}); {advice}")
+    if "/" in info["tag"] or not (checkpoint_dir(output) / info["tag"]).is_dir():
+        raise ValueError(f"{damaged}: it names checkpoint {info['tag']!r}, which is not in {checkpoint_dir(output)}; "
+                         f"{advice}")
+    return info
 
 
 def save(engine, output: Path, step: int, keep: int = 1) -> None:
@@ -53,8 +66,12 @@ def load(engine, output: Path) -> int:
     info = latest(output)
     if info is None:
         return 0
-    path, state = engine.load_checkpoint(str(checkpoint_dir(output)), tag=info["tag"], load_module_strict=False,
-                                         load_optimizer_states=True, load_lr_scheduler_states=False)
-    if path is None:
+    try:
+        path, state = engine.load_checkpoint(str(checkpoint_dir(output)), tag=info["tag"], load_module_strict=False,
+                                             load_optimizer_states=True, load_lr_scheduler_states=False)
+    except (RuntimeError, OSError, EOFError, KeyError, ValueError) as err:  # truncated or foreign .pt files
+        raise ValueError(f"checkpoint {info['tag']} in {checkpoint_dir(output)} is damaged ({type(err).__name__}: "
+                         f"{str(err)[:120]}); delete that checkpoint folder and latest.json to restart") from None
+    if path is None or not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"checkpoint {info['tag']} in {checkpoint_dir(output)} could not be loaded")
     return int(state["step"])

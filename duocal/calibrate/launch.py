@@ -20,6 +20,8 @@ from pathlib import Path
 from duocal.calibrate.checkpoint import latest
 from duocal.calibrate.engine import free_port
 from duocal.calibrate.recipe import Recipe, load_recipe, load_resolved, save_resolved
+from duocal.calibrate.run import calibrate
+from duocal.calibrate.setup import validate
 
 LAUNCHERS = ("torchrun", "deepspeed")
 CONFIG = "config.yaml"
@@ -34,8 +36,6 @@ def _comparable(recipe: Recipe) -> dict:
 def prepare(recipe_arg: str | None, overrides: list[str], output: str | Path, nproc: int = 1,
             resume: bool = False) -> Recipe:
     """Resolve and validate the recipe, check `output`, write `output/config.yaml`. No training yet."""
-    from duocal.calibrate.run import validate
-
     output = Path(output)
     saved = output / CONFIG
     if nproc < 1:
@@ -51,6 +51,7 @@ def prepare(recipe_arg: str | None, overrides: list[str], output: str | Path, np
                 "Resume without a recipe to use the saved one"
             )
         recipe.source = before.source
+        latest(output)  # a damaged latest.json is reported now, not after the model loads
         ran_with = _saved_nproc(saved)
         if ran_with is not None and ran_with != nproc:
             raise ValueError(f"the run in {output} used --nproc {ran_with}; resume it with the same number of processes")
@@ -91,8 +92,6 @@ def launch(recipe_arg: str | None, overrides: list[str], output: str | Path, npr
     output = Path(output)
     recipe = prepare(recipe_arg, overrides, output, nproc, resume)
     if nproc == 1:
-        from duocal.calibrate.run import calibrate
-
         calibrate(recipe, output, resume)
     else:
         env = dict(os.environ)

@@ -14,9 +14,14 @@ gate values and the runtime's sparsity rule picks the measured heads first.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
+
+from duocal.calibrate.measure import PlanLoss
+from duocal.calibrate.recipe import load_recipe
+from duocal.calibrate.setup import build_objective, gated_attention, load_frozen_model, validate
 
 
 def tie_groups(gates: list[float], tie: float) -> list[list[int]]:
@@ -60,8 +65,6 @@ def rank_heads(recipe, objective, device, raw: torch.Tensor, tokenizer, pad: int
     info: dict[str, Any] = {"method": recipe.ranking.method, "tied_at_top": len(tie_groups(flat, recipe.ranking.tie)[0])}
     if recipe.ranking.method == "gates":
         return gates.tolist(), info
-    from duocal.calibrate.measure import PlanLoss
-
     r = recipe.ranking
     pool = candidates(flat, min(r.max_candidates, len(flat)))
     measure = PlanLoss(recipe, objective, device, tokenizer, pad, world, rank, sequence_parallel)
@@ -91,28 +94,14 @@ def rerank_profile(profile, recipe=None, overrides: list[str] = ()):
     settings come from `recipe` (default: the demo recipe) with `key=value` overrides; the model
     is the recipe's. Returns a new `Profile` whose source records the measured order.
     """
-    from dataclasses import replace
-
-    from duocal.calibrate.gated_attention import Gating, install, uninstall
-    from duocal.calibrate.gates import Gates
-    from duocal.calibrate.objective import GateObjective
-    from duocal.calibrate.recipe import load_recipe
-    from duocal.calibrate.run import load_model, validate
-
     recipe = recipe if recipe is not None and not overrides else load_recipe(recipe, list(overrides))
     recipe.ranking.method = "measured"
     checked = validate(recipe)
     profile.check_compatible(checked.config)
-    model = load_model(recipe)
-    previous = install(model)
-    try:
-        shape = profile.shape
-        a = recipe.attention
-        objective = GateObjective(model.get_decoder(), Gates(shape.num_hidden_layers, shape.num_key_value_heads),
-                                  Gating(a.sink, a.recent, a.block), recipe.train.reg)
-        pad = checked.tokenizer.pad_token_id if checked.tokenizer.pad_token_id is not None else 0
+    model = load_frozen_model(recipe)
+    with gated_attention(model):
+        objective = build_objective(model, recipe, init=1.0)
         raw = torch.tensor(profile.scores, dtype=torch.float32)
-        scores, info = rank_heads(recipe, objective, torch.device("cpu"), raw, checked.tokenizer, pad, 1, 0, False)
-    finally:
-        uninstall(model, previous)
+        scores, info = rank_heads(recipe, objective, torch.device("cpu"), raw, checked.tokenizer, checked.pad_id, 1, 0,
+                                  False)
     return replace(profile, scores=scores, source={**profile.source, "reranked": info})

@@ -8,7 +8,9 @@ from typing import Any
 import torch
 
 import duocal_runtime as dr
-from duocal.calibrate.recipe import Recipe
+from duocal.calibrate.recipe import RECIPES_DIR, Recipe
+from duocal.calibrate.setup import model_name
+from duocal.plots import scores_heatmap
 
 
 def make_profile(recipe: Recipe, name: str, config, raw_gates: torch.Tensor, scores: list[list[float]],
@@ -34,8 +36,6 @@ def make_profile(recipe: Recipe, name: str, config, raw_gates: torch.Tensor, sco
 
 def portable(recipe: Recipe) -> dict[str, Any]:
     """The recipe for the profile's record: no machine-specific absolute paths of shipped files."""
-    from duocal.calibrate.recipe import RECIPES_DIR
-
     data = recipe.to_dict()
     data.pop("source", None)
     config = data["deepspeed"].get("config")
@@ -45,14 +45,10 @@ def portable(recipe: Recipe) -> dict[str, Any]:
 
 
 def heatmap(profile: dr.Profile, path: Path, title: str) -> Path:
-    from duocal.plots import scores_heatmap
-
     return scores_heatmap(profile, path, title=title, label="score (gate)")
 
 
 def write_outputs(recipe: Recipe, output: Path, config, raw_gates, scores, ranking, final, seconds, world) -> Path:
-    from duocal.calibrate.run import model_name
-
     profile = make_profile(recipe, model_name(recipe), config, raw_gates, scores, ranking, final, seconds, world)
     path = dr.save_profile(profile, output / "profile.json")
     heatmap(profile, output / "gates.png", f"{profile.model.name_or_path}: calibrated gates ({final.get('step')} steps)")

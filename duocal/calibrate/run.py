@@ -19,94 +19,21 @@ import os
 import random
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
+import torch.distributed as dist
 
+import duocal_runtime as dr
 from duocal_runtime.atomic import write_atomic
 
-from duocal.calibrate import checkpoint, engine as ds
-from duocal.calibrate.batches import StepData, make_generator
-from duocal.calibrate.gated_attention import Gating, install
-from duocal.calibrate.gates import Gates, clamp_trainable_
-from duocal.calibrate.objective import GateObjective
+from duocal.calibrate import checkpoint, engine as ds, ranking, report
+from duocal.calibrate.batches import StepData
+from duocal.calibrate.gates import clamp_trainable_
 from duocal.calibrate.recipe import Recipe, load_resolved
 from duocal.calibrate.schedule import lr_factor
-from duocal.models import resolve_model
-
-DEMO_NAME = "duocal/demo-model"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def model_path(recipe: Recipe) -> str:
-    """The folder (or Hub id) of the recipe's model: `demo`, a known name (fetched into the cache
-    once), a local folder or a .gguf file (see duocal.models)."""
-    if recipe.model.name_or_path == "demo":
-        from duocal.demo import DEMO_MODEL_DIR
-
-        return str(DEMO_MODEL_DIR)
-    return resolve_model(recipe.model.name_or_path)
-
-
-def model_name(recipe: Recipe) -> str:
-    return DEMO_NAME if recipe.model.name_or_path == "demo" else recipe.model.name_or_path
-
-
-def load_config_and_tokenizer(recipe: Recipe):
-    from transformers import AutoConfig, AutoTokenizer
-
-    path = model_path(recipe)
-    try:
-        config = AutoConfig.from_pretrained(path, revision=recipe.model.revision)
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=recipe.model.revision)
-    except OSError as err:
-        raise ValueError(f"cannot load model {recipe.model.name_or_path!r} ({path}): {err}") from None
-    return config, tokenizer
-
-
-@dataclass
-class Checked:
-    config: Any
-    tokenizer: Any
-    generator: Any
-
-
-def validate(recipe: Recipe, nproc: int = 1) -> Checked:
-    """Every check that needs the model's config and tokenizer but not its weights (cheap)."""
-    from duocal_runtime.hf_compat import check_model_supported
-
-    config, tokenizer = load_config_and_tokenizer(recipe)
-    check_model_supported(config)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    limit = getattr(text, "max_position_embeddings", None)
-    longest = recipe.data.context if isinstance(recipe.data.context, int) else max(recipe.data.context)
-    if limit is not None and longest > limit:
-        raise ValueError(
-            f"data.context goes up to {longest} tokens but {recipe.model.name_or_path} allows "
-            f"{limit} (max_position_embeddings); lower data.context"
-        )
-    sp = recipe.deepspeed.sequence_parallel
-    if sp > 1:
-        kv = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        if sp != nproc:
-            raise ValueError(f"deepspeed.sequence_parallel={sp} must equal the number of processes (--nproc {nproc})")
-        if kv % sp:
-            raise ValueError(f"deepspeed.sequence_parallel={sp} must divide the model's {kv} KV heads")
-    StepData(None, 0, recipe.train.batch_size, recipe.train.micro_batch_size, nproc, sp > 1)  # batch arithmetic
-    generator = make_generator(recipe.data, tokenizer)  # raises if the passkeys do not fit the context
-    return Checked(config, tokenizer, generator)
-
-
-def load_model(recipe: Recipe):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path(recipe), revision=recipe.model.revision, dtype=DTYPES[recipe.model.dtype]
-    )
-    return model.eval()
-
+from duocal.calibrate.setup import build_objective, gated_attention, load_frozen_model, validate
+from duocal.calibrate.ulysses import SequenceParallel
 
 def set_seed(seed: int) -> None:
     random.seed(seed)
@@ -149,29 +76,23 @@ def calibrate(recipe: Recipe, output: str | Path, resume: bool = False) -> Path 
 
 
 def _calibrate(recipe: Recipe, output: Path, resume: bool, rank: int, world: int) -> Path | None:
-    from duocal.calibrate import ranking, report
-
     checked = validate(recipe, world)
     output.mkdir(parents=True, exist_ok=True)
     set_seed(recipe.train.seed)
-    model = load_model(recipe)
-    previous_attention = install(model)
-    shape = model.config.get_text_config()
-    kv_heads = getattr(shape, "num_key_value_heads", None) or shape.num_attention_heads
+    model = load_frozen_model(recipe)
+    with gated_attention(model):
+        return _train_and_rank(recipe, output, resume, rank, world, checked, model)
+
+
+def _train_and_rank(recipe, output, resume, rank, world, checked, model) -> Path | None:
     sequence_parallel = None
     if recipe.deepspeed.sequence_parallel > 1:
-        from duocal.calibrate.ulysses import SequenceParallel
-
-        sequence_parallel = SequenceParallel.world(kv_heads)
-    a = recipe.attention
-    gating = Gating(a.sink, a.recent, a.block, sequence_parallel=sequence_parallel)
-    gates = Gates(shape.num_hidden_layers, kv_heads, recipe.train.init)
-    objective = GateObjective(model.get_decoder(), gates, gating, recipe.train.reg, recipe.train.activation_checkpointing)
-    t = recipe.train
-    pad = checked.tokenizer.pad_token_id if checked.tokenizer.pad_token_id is not None else 0
+        sequence_parallel = SequenceParallel.world(dr.shape_of_config(model.config).num_key_value_heads)
+    objective = build_objective(model, recipe, sequence_parallel=sequence_parallel)
+    t, pad = recipe.train, checked.pad_id
     data = StepData(checked.generator, pad, t.batch_size, t.micro_batch_size, world, sequence_parallel is not None)
     config = ds.deepspeed_config(recipe.deepspeed, t.micro_batch_size, data.accumulation, world,
-                                 recipe.model.dtype, gates.weight.numel())
+                                 recipe.model.dtype, objective.gates.weight.numel())
     engine = ds.initialize(objective, config, t.lr, t.betas)
     start = checkpoint.load(engine, output) if resume else 0
     metrics = Metrics(output / "metrics.jsonl", start, rank == 0)
@@ -205,18 +126,12 @@ def _calibrate(recipe: Recipe, output: Path, resume: bool, rank: int, world: int
     scores, ranking_info = ranking.rank_heads(recipe, engine.module, engine.device, raw, checked.tokenizer, pad, world,
                                               rank, sequence_parallel is not None)
     seconds = time.perf_counter() - begun
-    path = None
-    if rank == 0:
-        path = report.write_outputs(recipe, output, model.config, raw, scores, ranking_info, last, seconds, world)
-    from duocal.calibrate.gated_attention import uninstall
-
-    uninstall(model, previous_attention)
-    return path
+    if rank != 0:
+        return None
+    return report.write_outputs(recipe, output, model.config, raw, scores, ranking_info, last, seconds, world)
 
 
 def _all_reduce_sum(value: torch.Tensor, tokens: int) -> tuple[float, int]:
-    import torch.distributed as dist
-
     both = torch.tensor([float(value), float(tokens)], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(both)

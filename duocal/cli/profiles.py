@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 import duocal_runtime as dr
+from duocal_runtime.hf_compat import load_local_config
 
 from ..profile_summary import profile_summary, render_summary
 from .errors import user_errors
@@ -46,9 +47,7 @@ def validate(profile: ProfileArg, model_config: ModelConfigOpt = None):
     with user_errors():
         loaded = dr.load_profile(profile)
         if model_config is not None:
-            from transformers import AutoConfig
-
-            loaded.check_compatible(AutoConfig.from_pretrained(model_config))
+            loaded.check_compatible(load_local_config(model_config))
     typer.echo(f"ok: {loaded.shape.describe()}, model {loaded.model.name_or_path or 'unnamed'}")
 
 

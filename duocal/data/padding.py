@@ -19,3 +19,12 @@ def pad_batch(rows: Sequence[Sequence[int]], value: int, left: bool = False,
             span = slice(width - len(row), width) if left else slice(0, len(row))
             ids[i, span], mask[i, span] = torch.tensor(list(row)), True
     return ids, mask
+
+
+def pad_token_id(tokenizer, model_config=None) -> int:
+    """The id to pad with: the tokenizer's pad token, else the model's, else end-of-sequence, else 0."""
+    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(model_config, "pad_token_id", None),
+                      getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(candidate, int):
+            return candidate
+    return 0

@@ -28,11 +28,3 @@ def load_tokenizer(model: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(resolve_model(model))
-
-
-def pad_token_id(tokenizer, model_config) -> int:
-    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(model_config, "pad_token_id", None),
-                      getattr(tokenizer, "eos_token_id", None)):
-        if isinstance(candidate, int):
-            return candidate
-    return 0

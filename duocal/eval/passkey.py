@@ -19,9 +19,8 @@ import torch
 
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator, PasskeySample
-from duocal.data.padding import pad_batch
+from duocal.data.padding import pad_batch, pad_token_id
 from duocal.demo import DEMO_PASSKEY_FORMAT
-from duocal.eval.models import pad_token_id
 from duocal.eval.variants import ROW_KINDS, Variant, build_variants, check_rows, head_policy, streaming_window
 from duocal_runtime.hf_compat import check_model_supported
 

@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import ProfileError
@@ -152,7 +153,17 @@ def fetch(
     raise DownloadError(f"could not download {url}: {reasons[-1]} ({tries}); {_ADVICE}")
 
 
+def _check_local(url: str) -> None:
+    """A file:// URL must name a regular file: a fifo or a device would block or never end."""
+    path = Path(urllib.request.url2pathname(urlsplit(url).path))
+    if path.exists() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file (a fifo, socket or device)"
+        raise DownloadError(f"cannot read {url}: {path} is {kind}; give the URL of a profile file")
+
+
 def _fetch_once(url: str, limit: int, settings: DownloadSettings) -> bytes:
+    if urlsplit(url).scheme == "file":
+        _check_local(url)
     request = urllib.request.Request(url, headers={"User-Agent": "duocal-runtime", "Accept-Encoding": "identity"})
     try:
         with urllib.request.urlopen(request, timeout=settings.timeout) as response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..arguments import require_reference
 from ..errors import ProfileError
 from ..profile import Profile, read_profile_file
 from .pull import pull
@@ -25,6 +26,7 @@ def load_profile(
     """
     if isinstance(ref, Profile):
         return ref
+    require_reference("ref", ref)
     if isinstance(ref, os.PathLike) or Path(ref).exists():
         return _load_path(Path(ref))
     return pull(ref, offline=offline, force=force, mirror=mirror, cache_dir=cache_dir).profile

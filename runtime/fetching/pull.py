@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..arguments import require_reference
 from ..atomic import write_atomic
 from .download import DownloadSettings, env_mirror, fetch, mirror_url, sha256_hex, verify
 from ..errors import ProfileError
@@ -115,6 +116,7 @@ def pull(
 
     `offline` defaults to HF_HUB_OFFLINE; `mirror` to DUOCAL_MIRROR; `cache_dir` to DUOCAL_CACHE_DIR.
     """
+    require_reference("ref", ref)
     offline = env_offline() if offline is None else offline
     if offline and force:
         raise ProfileError("--force re-downloads, which offline mode forbids: drop one of them")
