@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo test
+.PHONY: setup demo demo-real test
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,16 @@ demo: setup
 	$(VENV)/bin/duocal calibrate --output out/demo
 	$(VENV)/bin/duocal eval passkey --profile out/demo/profile.json --sparsity 0.5 \
 		--policies full,duo,streaming,random --contexts 512,1024 --samples 40 --plot out/demo/passkey.png
+
+# The real-model demo: fetch SmolLM2-135M-Instruct (once), then evaluate its shipped profile
+# (profiles/smollm2-135m-instruct.json) against full attention, StreamingLLM, H2O and random heads:
+# single-needle passkey retrieval at 2k and 4k tokens, and perplexity of a 4k-token window.
+demo-real: setup
+	$(VENV)/bin/duocal models fetch smollm2-135m-instruct
+	OMP_NUM_THREADS=2 $(VENV)/bin/duocal eval passkey --model smollm2-135m-instruct --passkeys 1 --haystack repeated \
+		--contexts 2048,4096 --sparsity 0.5 --policies full,duo,streaming,h2o,random --samples 12 --random-seeds 2 \
+		--plot out/demo-real/passkey.png
+	OMP_NUM_THREADS=2 $(VENV)/bin/duocal eval ppl --model smollm2-135m-instruct --context 4096 --sparsity 0.5 --windows 1
 
 test: setup
 	$(PY) -m pytest -q

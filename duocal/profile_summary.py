@@ -26,10 +26,19 @@ def _streaming_policy(plan: dr.Plan) -> dict[str, Any] | None:
     return policy.to_dict() if policy is not None else None
 
 
-def profile_summary(profile: dr.Profile, sparsity: float | None = None, context: int = 32768) -> dict[str, Any]:
-    """Everything `profiles show` prints; memory is for batch 1, bf16, at `context` tokens."""
-    plan = dr.plan(profile, sparsity=sparsity)
+def profile_summary(profile: dr.Profile, sparsity: float | None = None, context: int = 32768,
+                    budget: str | None = None, policies: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Everything `profiles show` prints; memory is for batch 1, bf16, at `context` tokens. With
+    `budget` (and `policies`, default full + the profile's policy), the plan is the budget's mix."""
+    if budget is not None:
+        plan = dr.plan(profile, budget=budget, context=context, policies=policies or ("full", profile.deploy.policy))
+    else:
+        plan = dr.plan(profile, sparsity=sparsity)
     memory = plan.memory_report(context, batch=1, dtype="bfloat16")
+    counts: dict[str, int] = {}
+    for row in plan.policies:
+        for p in row:
+            counts[p.name] = counts.get(p.name, 0) + 1
     return {
         "model": profile.model.name_or_path,
         "architecture": profile.model.architecture,
@@ -47,6 +56,8 @@ def profile_summary(profile: dr.Profile, sparsity: float | None = None, context:
         "kv_bytes_full": memory["kv_bytes_full"],
         "kv_bytes_plan": memory["kv_bytes_plan"],
         "fraction_of_full": memory["fraction_of_full"],
+        "policy_counts": counts,
+        "measurements": sorted(profile.measurements),
     }
 
 
@@ -71,6 +82,9 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
         f"sparsity {s['sparsity']:.3f} -> retrieval heads per layer: {' '.join(map(str, s['retrieval_heads_per_layer']))}"
     )
     console.print(f"non-retrieval policy: {s['policy']}")
+    console.print("KV heads per policy: " + ", ".join(f"{name} {n}" for name, n in s["policy_counts"].items()))
+    if s["measurements"]:
+        console.print(f"measurements: {', '.join(s['measurements'])}")
     console.print(
         f"KV cache at {s['context']} tokens (batch 1, bf16): {_gib(s['kv_bytes_plan'])} vs {_gib(s['kv_bytes_full'])} "
         f"full ({s['fraction_of_full']:.1%})"

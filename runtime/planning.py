@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .arguments import require_count, require_instance, require_number
 from .errors import PlanError
+from .mixing import mixed_choice
 from .model_shape import ModelShape
 from .policies import Full, HeadPolicy, policy_class, policy_from_dict
 from .profile import Profile
@@ -67,6 +68,7 @@ class Plan:
     shape: ModelShape
     policies: tuple[tuple[HeadPolicy, ...], ...]
     model_name: str | None = None
+    choice: dict[str, Any] | None = field(default=None, compare=False)  # what a budget planner chose, and why
 
     def __post_init__(self):
         table = tuple(tuple(row) for row in self.policies)
@@ -226,6 +228,7 @@ def plan(
     budget: str | int | Budget | None = None,
     context: int | None = None,
     policy: str | None = None,
+    policies: Sequence[str] | None = None,
     sink: int | None = None,
     recent: int | None = None,
     heavy: int | None = None,
@@ -239,6 +242,10 @@ def plan(
     `context` tokens, `batch` and `dtype`: the fewest non-retrieval heads that fit). With none,
     the profile's deploy sparsity is used. Non-retrieval heads get `policy` (default: the
     profile's) with the given sizes (defaults: the profile's deploy sizes).
+
+    With `policies` (e.g. ("full", "sink_window", "h2o")) and a `budget`, every head gets the one
+    of those policies that loses least for its bytes (mixing.py): measured kept attention where
+    the profile has it, else the gate order. `plan.choice` says what was chosen.
     """
     require_instance("profile", profile, Profile, "a Profile (load one with dr.load_profile(path_or_name))")
     for name, value, lo, hi in (("sparsity", sparsity, 0, 1), ("threshold", threshold, None, None)):
@@ -251,6 +258,12 @@ def plan(
     if len(chosen) > 1:
         raise PlanError(f"give one of sparsity, threshold or budget, not {' and '.join(chosen)}")
     d = profile.deploy
+    if policies is not None:
+        if budget is None or policy is not None:
+            raise PlanError("policies=... chooses a policy per head under a budget: pass budget= and context=, "
+                            "and not policy=")
+        sized = [policy_class(name).from_deploy(d, sink=sink, recent=recent, heavy=heavy) for name in policies]
+        return _mixed_plan(profile, sized, Budget.parse(budget), context, batch, dtype)
     streaming_policy = policy_class(policy or d.policy).from_deploy(d, sink=sink, recent=recent, heavy=heavy)
     if not streaming_policy.bounded:
         raise PlanError("the policy for non-retrieval heads cannot be 'full'; use sparsity=0 for an all-full plan")
@@ -262,3 +275,18 @@ def plan(
     else:
         streaming = streaming_heads_for_sparsity(flat, d.sparsity if sparsity is None else sparsity)
     return plan_from_streaming_set(profile.shape, streaming, streaming_policy, profile.model.name_or_path)
+
+
+def _mixed_plan(profile: Profile, policies: list[HeadPolicy], budget: Budget, context, batch, dtype) -> Plan:
+    if context is None:
+        raise PlanError("a budget needs the context length it applies to: pass context=N (tokens)")
+    if not policies or len({p.name for p in policies}) != len(policies):
+        raise PlanError(f"policies must name distinct policies, got {[p.name for p in policies]}")
+    per_token = 2 * profile.shape.head_dim * dtype_bytes(dtype) if budget.unit == "bytes" else 1
+    costs = [batch * p.tokens_kept(context) * per_token for p in policies]  # one KV head, in the budget's unit
+    mix = mixed_choice(profile, policies, costs, budget.amount)
+    k = profile.shape.num_key_value_heads
+    table = [[mix.policies[mix.choice[layer * k + head]] for head in range(k)]
+             for layer in range(profile.shape.num_hidden_layers)]
+    report = {**mix.report(), "unit": budget.unit, "budget": budget.amount, "context": context, "batch": batch}
+    return Plan(profile.shape, table, profile.model.name_or_path, choice=report)

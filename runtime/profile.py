@@ -1,6 +1,6 @@
 """The duocal profile: one score per (layer, KV head), the model it belongs to, and defaults.
 
-File format (JSON, `"format": "duocal.profile"`, `"version": 1`)::
+File format (JSON, `"format": "duocal.profile"`, `"version": 1`, or 2 with measurements)::
 
     {
       "format": "duocal.profile",
@@ -11,8 +11,9 @@ File format (JSON, `"format": "duocal.profile"`, `"version": 1`)::
       "scores": [[s_00, ..., s_0K-1], ...],      # L rows of K floats in [0, 1]
       "source": {"kind": "calibration" | "profiler" | "upstream" | ..., ...},
       "deploy": {"sparsity": ..., "policy": "sink_window", "sink": ..., "recent": ...,
-                 "heavy": ..., "h2o_recent": ...}
-    }
+                 "heavy": ..., "h2o_recent": ...},
+      "measurements": {"kept:sink_window": {"scores": [[...]], "settings": {...}, "source": "profiler"}}
+    }                                           # version 2 only; see measurements.py
 
 A higher score means "keep this head's whole cache" (a retrieval head). Scores of calibrated
 profiles are DuoAttention gate values (arXiv 2410.10819, section 3.2).
@@ -29,11 +30,14 @@ from typing import Any
 
 from .atomic import write_atomic
 from .errors import ProfileError
+from .measurements import Measurement, checked_table, measurement_from_dict
 from .model_shape import SHAPE_FIELDS, ModelShape, shape_of_config
 from .policies import bounded_policy_names
 
 FORMAT = "duocal.profile"
-VERSION = 1
+VERSION = 1  # written when a profile has no measurements (files stay as they were)
+VERSION_MEASURED = 2  # adds "measurements": {name: {scores, settings, source}} (see measurements.py)
+READABLE_VERSIONS = (VERSION, VERSION_MEASURED)
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,12 @@ class Profile:
     scores: tuple[tuple[float, ...], ...]  # [layer][kv_head]
     source: dict[str, Any] = field(default_factory=dict)
     deploy: DeployDefaults = field(default_factory=DeployDefaults)
+    measurements: dict[str, Measurement] = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "scores", _checked_scores(self.scores, self.model.shape))
+        for name, m in self.measurements.items():
+            checked_table(m.scores, self.model.shape, f"measurements.{name}.scores")
 
     @property
     def shape(self) -> ModelShape:
@@ -103,9 +110,9 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         m = self.model
-        return {
+        data = {
             "format": FORMAT,
-            "version": VERSION,
+            "version": VERSION_MEASURED if self.measurements else VERSION,
             "model": {
                 "name_or_path": m.name_or_path,
                 "revision": m.revision,
@@ -117,6 +124,9 @@ class Profile:
             "source": self.source,
             "deploy": dict(vars(self.deploy)),
         }
+        if self.measurements:
+            data["measurements"] = {name: m.to_dict() for name, m in self.measurements.items()}
+        return data
 
 
 def _checked_scores(scores, shape: ModelShape) -> tuple[tuple[float, ...], ...]:
@@ -153,11 +163,13 @@ def profile_from_dict(data: Any) -> Profile:
         raise ProfileError("a profile must be a JSON object")
     if data.get("format") != FORMAT:
         raise ProfileError(f"unknown format {data.get('format')!r}: expected {FORMAT!r}")
-    if data.get("version") != VERSION:
+    if data.get("version") not in READABLE_VERSIONS or isinstance(data.get("version"), bool):
         raise ProfileError(
-            f"unsupported profile version {data.get('version')!r}: this duocal reads version {VERSION}; "
-            "upgrade duocal or re-export the profile"
+            f"unsupported profile version {data.get('version')!r}: this duocal reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}; upgrade duocal or re-export the profile"
         )
+    if data.get("measurements") is not None and data["version"] == VERSION:
+        raise ProfileError("measurements need profile version 2; the file says version 1")
     for key in ("model", "scores", "deploy"):
         if key not in data:
             raise ProfileError(f"missing field {key!r}")
@@ -185,15 +197,22 @@ def profile_from_dict(data: Any) -> Profile:
     source = data.get("source") or {}
     if not isinstance(source, dict):
         raise ProfileError(f"field 'source' must be an object (how the scores were obtained), got {source!r:.60}")
+    measured = data.get("measurements") or {}
+    if not isinstance(measured, dict):
+        raise ProfileError("field 'measurements' must be an object of named measurements")
+    measurements = {str(name): measurement_from_dict(str(name), m, shape) for name, m in measured.items()}
     info = ModelInfo(shape, model.get("name_or_path"), model.get("revision"), model.get("architecture"))
-    return Profile(info, data["scores"], dict(source), DeployDefaults(**deploy))
+    return Profile(info, data["scores"], dict(source), DeployDefaults(**deploy), measurements)
 
 
 def profile_to_json(profile: Profile) -> str:
     """Stable, diff-friendly JSON: sorted-free fixed key order, one score row per line."""
     data = profile.to_dict()
     rows = data.pop("scores")
+    measured = data.pop("measurements", None)
     text = json.dumps(data, indent=2, ensure_ascii=False)
+    if measured is not None:
+        text = text[:-2] + ',\n  "measurements": ' + json.dumps(measured, ensure_ascii=False) + "\n}"
     score_lines = ",\n".join("    " + json.dumps(row) for row in rows)
     head, tail = text.split('\n  "source"', 1)
     return f'{head}\n  "scores": [\n{score_lines}\n  ],\n  "source"{tail}\n'

@@ -56,7 +56,8 @@ def valid_dict():
     "mutate, message",
     [
         (lambda d: d.update(format="other"), "unknown format"),
-        (lambda d: d.update(version=2), "unsupported profile version 2"),
+        (lambda d: d.update(version=3), "unsupported profile version 3"),
+        (lambda d: d.update(measurements={"retrieval": {"scores": [[0.5]]}}), "measurements need profile version 2"),
         (lambda d: d.pop("scores"), "missing field 'scores'"),
         (lambda d: d["model"].pop("head_dim"), "missing field 'model.head_dim'"),
         (lambda d: d["scores"][1].__setitem__(0, float("nan")), "score [1][0] is nan"),

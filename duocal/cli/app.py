@@ -7,6 +7,8 @@ from .calibrate import EPILOG as CALIBRATE_EPILOG
 from .calibrate import calibrate
 from .eval import eval_app
 from .models import models_app
+from .profile import EPILOG as PROFILE_EPILOG
+from .profile import profile
 from .profiles import profiles_app
 
 app = typer.Typer(
@@ -20,3 +22,4 @@ app.add_typer(profiles_app, name="profiles")
 app.add_typer(eval_app, name="eval")
 app.add_typer(models_app, name="models")
 app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate)
+app.command("profile", epilog=PROFILE_EPILOG)(profile)

@@ -17,7 +17,7 @@ import duocal_runtime as dr
 from ..demo import DEMO_MODEL_DIR
 from ..eval.models import default_format, load_model, load_tokenizer
 from ..eval.passkey import DEFAULT_SEED, PasskeyEvalConfig, check_eval, evaluate_passkey
-from ..eval.variants import ROW_KINDS
+from ..eval.variants import DEFAULT_ROWS, ROW_KINDS
 from ..eval.perplexity import PerplexityConfig, evaluate_perplexity
 from ..eval.tables import check_plot_path, plot_rows, render_ppl_table, render_table
 from ..models import KNOWN_MODELS, resolve_model
@@ -78,7 +78,7 @@ def passkey(
     sparsity: Annotated[str, typer.Option(help="Fractions of KV heads made non-retrieval (duo, h2o, random).")]
     = "0.25,0.5,0.75",
     policies: Annotated[Optional[str], typer.Option(
-        help=f"Comma-separated, from {','.join(ROW_KINDS)} (default: all; without a profile all but duo).")] = None,
+        help=f"Comma-separated, from {','.join(ROW_KINDS)} (default: all but mix; without a profile also not duo).")] = None,
     contexts: Annotated[str, typer.Option(help="Context lengths in tokens.")] = "512,1024",
     samples: Annotated[int, typer.Option(help="Samples per context (the same for every policy).")] = 40,
     seed: Annotated[int, typer.Option(help="Sample seed (the default is held out from the demo recipe).")]
@@ -123,7 +123,7 @@ def passkey(
         profile_ref = profile or default_profile(model)
         model_dir = resolve_model(model)
         loaded = dr.load_profile(profile_ref) if profile_ref else None
-        names = split(policies, str, "policies") if policies else [p for p in ROW_KINDS if p != "duo" or loaded]
+        names = split(policies, str, "policies") if policies else [p for p in DEFAULT_ROWS if p != "duo" or loaded]
         config = PasskeyEvalConfig(
             policies=tuple(names), sparsities=tuple(split(sparsity, float, "sparsity")),
             contexts=tuple(split(contexts, int, "contexts")), samples=samples, seed=seed, sink=sink, recent=recent,
@@ -166,7 +166,7 @@ def ppl(
     sparsity: Annotated[str, typer.Option(help="Fractions of KV heads made non-retrieval (duo, h2o, random).")]
     = "0.5",
     policies: Annotated[Optional[str], typer.Option(
-        help=f"Comma-separated, from {','.join(ROW_KINDS)} (default: all; without a profile all but duo).")] = None,
+        help=f"Comma-separated, from {','.join(ROW_KINDS)} (default: all but mix; without a profile also not duo).")] = None,
     sink: Annotated[Optional[int], typer.Option(help="Sink tokens of streaming heads (default: the profile's).")]
     = None,
     recent: Annotated[Optional[int], typer.Option(help="Recent tokens of streaming heads (default: the profile's).")]
@@ -185,7 +185,7 @@ def ppl(
         model = model or str(DEMO_MODEL_DIR)
         profile_ref = profile or default_profile(model)
         loaded = dr.load_profile(profile_ref) if profile_ref else None
-        names = split(policies, str, "policies") if policies else [p for p in ROW_KINDS if p != "duo" or loaded]
+        names = split(policies, str, "policies") if policies else [p for p in DEFAULT_ROWS if p != "duo" or loaded]
         config = PerplexityConfig(policies=tuple(names), sparsities=tuple(split(sparsity, float, "sparsity")),
                                   context=context, scored=scored, chunk=chunk, windows=windows, sink=sink,
                                   recent=recent, random_seeds=random_seeds)

@@ -27,14 +27,24 @@ def show(
     profile: ProfileArg,
     sparsity: Annotated[Optional[float], typer.Option(help="Fraction of KV heads made non-retrieval.")] = None,
     context: Annotated[int, typer.Option(help="Context length for the memory estimate.")] = 32768,
+    budget: Annotated[Optional[str], typer.Option(
+        help="KV memory budget at --context ('2GiB', '500MB' or tokens): choose a policy per head to fit it.")] = None,
+    policies: Annotated[Optional[str], typer.Option(
+        help="With --budget: the policies heads may get (default: full and the profile's policy).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
 ):
     """Shape, score histogram, retrieval heads per layer and KV memory at CONTEXT vs full.
 
-    Example: duocal profiles show my-profile.json --sparsity 0.75 --context 131072
+    Examples: duocal profiles show my-profile.json --sparsity 0.75 --context 131072
+
+      duocal profiles show profiled.json --budget 2GiB --context 131072 --policies full,sink_window,h2o
     """
     with user_errors():
-        summary = profile_summary(dr.load_profile(profile), sparsity=sparsity, context=context)
+        if policies is not None and budget is None:
+            raise ValueError("--policies chooses per head under a memory budget: give --budget too")
+        names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
+        summary = profile_summary(dr.load_profile(profile), sparsity=sparsity, context=context, budget=budget,
+                                  policies=names)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
     else:

@@ -21,7 +21,7 @@ import duocal_runtime as dr
 from duocal.data import PasskeyGenerator, PasskeySample
 from duocal.data.padding import pad_batch, pad_token_id
 from duocal.demo import DEMO_PASSKEY_FORMAT
-from duocal.eval.variants import ROW_KINDS, Variant, build_variants, check_rows, head_policy, streaming_window
+from duocal.eval.variants import DEFAULT_ROWS, NEED_PROFILE, Variant, build_variants, check_rows, head_policy, streaming_window
 from duocal_runtime.hf_compat import check_model_supported
 
 # Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
@@ -35,7 +35,7 @@ class PasskeyEvalConfig:
     """What to evaluate. Sizes are tokens; `sink` / `recent` default to the profile's deploy sizes
     (else 64 / 256, upstream DuoAttention's deployment window)."""
 
-    policies: tuple[str, ...] = ROW_KINDS  # row kinds (variants.py); the CLI calls them --policies
+    policies: tuple[str, ...] = DEFAULT_ROWS  # row kinds (variants.py); the CLI calls them --policies
     sparsities: tuple[float, ...] = (0.25, 0.5, 0.75)
     contexts: tuple[int, ...] = (512, 1024)
     samples: int = 40
@@ -115,9 +115,10 @@ def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile
     if too_long:
         raise ValueError(f"context {too_long[0]} is beyond the model's max_position_embeddings ({limit}); "
                          "evaluate at most that many tokens")
-    if "duo" in config.policies and profile is None:
-        raise ValueError("policy 'duo' needs a profile of this model: pass --profile (a file or prebuilt name, "
-                         "see duocal profiles list), or leave 'duo' out of --policies")
+    needs = [p for p in config.policies if p in NEED_PROFILE]
+    if needs and profile is None:
+        raise ValueError(f"policy '{needs[0]}' needs a profile of this model: pass --profile (a file or prebuilt name, "
+                         f"see duocal profiles list), or leave {' and '.join(needs)} out of --policies")
     if profile is not None:
         profile.check_compatible(model_config)
     if tokenizer is not None:

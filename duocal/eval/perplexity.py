@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import duocal_runtime as dr
-from duocal.eval.variants import NEED_SPARSITY, ROW_KINDS, Variant, build_variants, check_rows, streaming_window
+from duocal.eval.variants import DEFAULT_ROWS, NEED_PROFILE, NEED_SPARSITY, Variant, build_variants, check_rows, streaming_window
 
 Progress = Callable[[int, int, str], None]  # (windows done, windows in all, what is running)
 
@@ -28,7 +28,7 @@ Progress = Callable[[int, int, str], None]  # (windows done, windows in all, wha
 class PerplexityConfig:
     """What to evaluate. Sizes are tokens; `scored` defaults to half of each window."""
 
-    policies: tuple[str, ...] = ROW_KINDS
+    policies: tuple[str, ...] = DEFAULT_ROWS
     sparsities: tuple[float, ...] = (0.5,)
     context: int = 2048
     scored: int | None = None
@@ -124,8 +124,10 @@ def make_row(variant: Variant, config: PerplexityConfig, ppls: list[float], wind
 def evaluate_perplexity(model, tokenizer, text: str, config: PerplexityConfig = PerplexityConfig(), *,
                         profile: dr.Profile | None = None, progress: Progress | None = None) -> list[PerplexityRow]:
     """Perplexity of `text` for each row kind x sparsity, every plan on the same windows."""
-    if "duo" in config.policies and profile is None:
-        raise ValueError("policy 'duo' needs a profile of this model: pass --profile, or leave 'duo' out of --policies")
+    needs = [p for p in config.policies if p in NEED_PROFILE]
+    if needs and profile is None:
+        raise ValueError(f"policy '{needs[0]}' needs a profile of this model: pass --profile, or leave "
+                         f"{' and '.join(needs)} out of --policies")
     if profile is not None:
         profile.check_compatible(model.config)
     model.eval()

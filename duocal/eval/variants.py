@@ -7,6 +7,7 @@
 | `streaming` | every head on sink + recent (StreamingLLM, arXiv 2309.17453) | 1     |
 | `h2o`       | every head on H2O (arXiv 2306.14048), with the KV bytes of `duo` at that sparsity | each |
 | `random`    | that many heads chosen at random on sink + recent; several seeds, mean / min / max | each |
+| `mix`       | a policy per head among `mix_policies` (default full, sink_window, h2o) chosen by the profile's measurements under the KV budget of `duo` at that sparsity (duocal_runtime/mixing.py) | each |
 
 `h2o` and `random` do not need a profile: any plan with the same number of sink + recent heads
 has the same KV bytes.
@@ -21,8 +22,11 @@ from typing import Any
 
 import duocal_runtime as dr
 
-ROW_KINDS = ("full", "duo", "streaming", "h2o", "random")
-NEED_SPARSITY = ("duo", "h2o", "random")
+ROW_KINDS = ("full", "duo", "streaming", "h2o", "random", "mix")
+NEED_SPARSITY = ("duo", "h2o", "random", "mix")
+NEED_PROFILE = ("duo", "mix")
+DEFAULT_ROWS = ("full", "duo", "streaming", "h2o", "random")  # mix on request
+MIX_POLICIES = ("full", "sink_window", "h2o")
 DEFAULT_WINDOW = dr.SinkWindow()
 
 
@@ -79,6 +83,11 @@ def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
     return dr.uniform_plan(shape, dr.H2O(heavy=budget - recent, recent=recent))
 
 
+def mix_plan(profile: dr.Profile, tokens: int, context: int, policies=MIX_POLICIES) -> dr.Plan:
+    """The budget planner's choice among `policies` with at most `tokens` (token, head) pairs at `context`."""
+    return dr.plan(profile, budget=int(tokens), context=context, policies=tuple(policies))
+
+
 def random_plans(shape: dr.ModelShape, sparsity: float, window: dr.SinkWindow,
                  seeds: Sequence[int]) -> tuple[dr.Plan, ...]:
     """For each seed, `streaming_count` heads drawn uniformly on `window`, the rest full."""
@@ -105,6 +114,9 @@ def build_variants(shape: dr.ModelShape, config: Any, context: int, window: dr.S
                     out.append(Variant("duo", s, (duo_plan(profile, s, window),)))
                 elif policy == "h2o":
                     out.append(Variant("h2o", s, (h2o_plan(shape, matched_tokens(shape, s, window, context), context),)))
+                elif policy == "mix":
+                    out.append(Variant("mix", s, (mix_plan(profile, matched_tokens(shape, s, window, context), context,
+                                                           getattr(config, "mix_policies", MIX_POLICIES)),)))
                 else:
                     seeds = tuple(range(config.random_seeds))
                     out.append(Variant("random", s, random_plans(shape, s, window, seeds), seeds))

@@ -1,0 +1,79 @@
+"""What a profiler needs from a model's own attention, read in blocks of queries.
+
+`AttentionStats` is an attention function registered through the transformers adapter: it
+returns exact (sdpa) outputs, so every layer sees the model's normal activations, and records
+per layer, one block of queries at a time (never a [T, T] matrix):
+
+- `column_mass` [G, T]: attention mass every key received, summed over all queries and over the
+  query heads of its KV group (what H2O accumulates to pick heavy hitters);
+- `rows` [H, A, T]: the full probability rows of the chosen query positions (answer positions).
+
+One sequence at a time (batch 1, no padding); causal attention over the whole sequence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from duocal_runtime import hf_compat
+
+NAME = "duocal_profiler"
+BLOCK_ELEMENTS = 1 << 22  # query rows x keys per block of probabilities (16 MiB in fp32)
+
+
+@dataclass
+class LayerStats:
+    column_mass: torch.Tensor  # [G, T] fp32
+    rows: torch.Tensor  # [H, A, T] fp32
+
+
+class AttentionStats:
+    def __init__(self, rows: Sequence[int]):
+        self.rows = list(rows)
+        self.layers: dict[int, LayerStats] = {}
+
+    def attention(self, module, q, k, v, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        """transformers attention signature: q [1, H, T, D], k/v [1, G, T, D] -> ([1, T, H, D], None)."""
+        scale = scaling if scaling is not None else module.scaling
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        self.layers[module.layer_idx] = self.collect(q[0], k[0], scale)
+        return out.transpose(1, 2), None
+
+    def collect(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> LayerStats:
+        """q [H, T, D], k [G, T, D] -> column mass per KV head and the probability rows of `self.rows`."""
+        heads, t = q.shape[0], q.shape[1]
+        groups = k.shape[0]
+        keys = k.float().repeat_interleave(heads // groups, dim=0)  # [H, T, D]
+        column = torch.zeros(heads, t, dtype=torch.float32, device=q.device)
+        picked = {}
+        block = max(1, BLOCK_ELEMENTS // (heads * t))
+        for i0 in range(0, t, block):
+            i1 = min(t, i0 + block)
+            logits = torch.matmul(q[:, i0:i1].float(), keys.transpose(-1, -2)) * scale  # [H, b, T]
+            future = torch.arange(t, device=q.device)[None, :] > torch.arange(i0, i1, device=q.device)[:, None]
+            probs = logits.masked_fill(future, float("-inf")).softmax(-1)
+            column += probs.sum(1)
+            for r in self.rows:
+                if i0 <= r < i1:
+                    picked[r] = probs[:, r - i0]
+        rows = torch.stack([picked[r] for r in self.rows], dim=1) if self.rows else column.new_zeros(heads, 0, t)
+        return LayerStats(column.view(groups, heads // groups, t).sum(1), rows)
+
+
+@contextlib.contextmanager
+def recording(model, rows: Sequence[int]):
+    """Inside the block, `model`'s forward passes record `AttentionStats` (yielded)."""
+    stats = AttentionStats(rows)
+    previous = hf_compat.attention_implementation(model)
+    hf_compat.register(NAME, stats.attention)
+    hf_compat.set_attention_implementation(model, NAME)
+    try:
+        yield stats
+    finally:
+        hf_compat.set_attention_implementation(model, previous)
+        hf_compat.unregister(NAME)

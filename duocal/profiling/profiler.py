@@ -1,0 +1,127 @@
+"""The training-free profiler: per-head scores and kept-attention measurements from a model's own
+attention on calibration data, written as a version-2 profile (`duocal profile`).
+
+Data: passkey samples (one question each; the rows are the positions that predict the answer and
+the retrieval score looks at the queried needle), or windows of a text file (the rows are the last
+`text_rows` positions of each window; no retrieval score). The profile's scores are the retrieval
+score (passkey data) or 1 − the sink window's kept share (text); its measurements are
+`retrieval` and `kept:<policy>` for sink_window, h2o and sink_h2o at the same budget per head.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import duocal_runtime as dr
+from duocal.data import PasskeyGenerator
+from duocal.eval.perplexity import text_windows
+from duocal.profiling.attention_stats import recording
+from duocal.profiling.head_scores import kept_share, retrieval_score
+from duocal_runtime.measurements import Measurement, kept_name
+
+DEFAULT_SEED = 4242  # not among calibration's or evaluation's default seeds
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    data: str = "passkey"  # "passkey" or "text"
+    text: str | None = None  # the text itself, for data="text"
+    samples: int = 16  # passkey samples (or most text windows) per context
+    contexts: tuple[int, ...] = (1024,)
+    format: str = "digits"
+    haystack: Any = "synthetic"
+    num_passkeys: int | tuple[int, int] = 1
+    seed: int = DEFAULT_SEED
+    sink: int = 64
+    recent: int = 256
+    text_rows: int = 64
+
+    def __post_init__(self):
+        if self.data not in ("passkey", "text") or (self.data == "text" and not self.text):
+            raise ValueError("data must be 'passkey', or 'text' with the text given (--text FILE)")
+        if self.samples < 1 or not self.contexts or min(self.contexts) < 2 or self.text_rows < 1:
+            raise ValueError("samples, text_rows and every context must be positive (contexts at least 2 tokens)")
+        dr.SinkWindow(self.sink, self.recent)  # checks the sizes
+
+    def policies(self) -> list[dr.HeadPolicy]:
+        """The policies whose kept share is measured: the sink window, H2O with the same budget per
+        head (half heavy hitters, half recent, as in the H2O paper), and those H2O sizes plus the sinks
+        (the sizes `dr.plan` gives these policies from the profile's deploy defaults)."""
+        budget = self.sink + self.recent
+        heavy = max(1, budget // 2)
+        return [dr.SinkWindow(self.sink, self.recent), dr.H2O(heavy, budget - heavy),
+                dr.SinkH2O(self.sink, heavy, budget - heavy)]
+
+
+def sequences(tokenizer, config: ProfilerConfig):
+    """(input ids, rows, needle spans or None) for every sample of every context."""
+    for context in config.contexts:
+        if config.data == "text":
+            for window in text_windows(tokenizer, config.text, context, config.samples):
+                yield window.tolist(), list(range(context - min(config.text_rows, context - 1), context)), None
+            continue
+        generator = PasskeyGenerator(tokenizer, context_length=context, num_passkeys=config.num_passkeys,
+                                     questions="one", haystack=config.haystack, format=config.format, seed=config.seed)
+        for sample in generator.samples(config.samples):
+            rows, spans = [], []
+            for answer in sample.answers:
+                needle = sample.needles[answer.needle]
+                rows += list(answer.predict_positions)
+                spans += [(needle.start, needle.end)] * len(answer.predict_positions)
+            yield list(sample.input_ids), rows, spans
+
+
+@torch.no_grad()
+def measure(model, tokenizer, config: ProfilerConfig) -> dict[str, torch.Tensor]:
+    """Mean per-head measures, name -> [L, G] (`retrieval` only for passkey data)."""
+    shape = dr.shape_of_config(model.config)
+    policies = config.policies()
+    sums: dict[str, torch.Tensor] = {}
+    count = 0
+    device = next(model.parameters()).device
+    for ids, rows, spans in sequences(tokenizer, config):
+        with recording(model, rows) as stats:
+            model(input_ids=torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1)
+        for name, value in sample_measures(stats, rows, spans, policies, shape).items():
+            sums[name] = sums.get(name, 0) + value
+        count += 1
+    return {name: total / count for name, total in sums.items()}
+
+
+def sample_measures(stats, rows, spans, policies, shape: dr.ModelShape) -> dict[str, torch.Tensor]:
+    layers = [stats.layers[i] for i in range(shape.num_hidden_layers)]
+    out = {kept_name(p.name): torch.stack([kept_share(p, rows, s.rows, s.column_mass) for s in layers])
+           for p in policies}
+    if spans is not None:
+        out["retrieval"] = torch.stack([retrieval_score(s.rows, spans, shape.num_key_value_heads) for s in layers])
+    return out
+
+
+def profile_model(model, tokenizer, config: ProfilerConfig, model_name: str | None = None) -> dr.Profile:
+    """Measure and build the version-2 profile (scores: retrieval, else 1 − sink-window kept share)."""
+    started = time.perf_counter()
+    measured = measure(model, tokenizer, config)
+    seconds = time.perf_counter() - started
+    settings = {"data": config.data, "samples": config.samples, "contexts": list(config.contexts), "seed": config.seed}
+    policies = {kept_name(p.name): p for p in config.policies()}
+    measurements = {name: Measurement(_table(values), {**settings, **({"policy": policies[name].to_dict()}
+                                                                     if name in policies else {})}, "profiler")
+                    for name, values in measured.items()}
+    scores = measured["retrieval"] if "retrieval" in measured else 1.0 - measured[kept_name("sink_window")]
+    shape = dr.shape_of_config(model.config)
+    archs = getattr(model.config, "architectures", None) or [None]
+    info = dr.ModelInfo(shape, model_name, None, archs[0])
+    h2o = policies[kept_name("h2o")]
+    deploy = dr.DeployDefaults(sparsity=0.5, policy="sink_window", sink=config.sink, recent=config.recent,
+                               heavy=h2o.heavy, h2o_recent=h2o.recent)
+    source = {"kind": "profiler", "method": "attention (answer rows in blocks; Wu et al. arXiv 2404.15574)",
+              **settings, "seconds": round(seconds, 2)}
+    return dr.Profile(info, _table(scores), source, deploy, measurements)
+
+
+def _table(values: torch.Tensor) -> list[list[float]]:
+    return values.clamp(0.0, 1.0).double().tolist()

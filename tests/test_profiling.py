@@ -1,0 +1,118 @@
+"""The training-free profiler against a reference computed by hand from the model's eager attention
+probabilities, on a tiny random model; its CLI; and profile v1/v2 round trips."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import duocal_runtime as dr
+from duocal.cli.app import app
+from duocal.demo import DEMO_MODEL_DIR
+from duocal.eval.models import load_model, load_tokenizer
+from duocal.profiling import ProfilerConfig, profile_model
+from duocal.profiling.profiler import sequences
+from duocal_runtime.measurements import Measurement
+
+from helpers import random_profile
+from runtime_models import tiny_model
+
+
+def reference_measures(model, ids, rows, spans, policy_sizes, groups):
+    """Eager attention probabilities [H, T, T] per layer, scored with plain loops."""
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attentions = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+    model.set_attn_implementation("sdpa")
+    sink, heavy, recent = policy_sizes
+    out = {"retrieval": [], "kept": []}
+    for probs in attentions:
+        probs = probs[0].double()  # [H, T, T]
+        rep = probs.shape[0] // groups
+        column = probs.sum(1)  # [H, T]
+        retrieval, kept = [], []
+        for g in range(groups):
+            heads = range(g * rep, (g + 1) * rep)
+            retrieval.append(sum(float(probs[h, r, s:e].sum()) for h in heads for r, (s, e) in zip(rows, spans))
+                             / (rep * len(rows)))
+            group_column = sum(column[h] for h in heads)
+            total = 0.0
+            for r in rows:
+                older = [k for k in range(r + 1) if not (k < sink or k > r - recent)]
+                top = sorted(older, key=lambda k: -float(group_column[k]))[:heavy]
+                keep = [k for k in range(r + 1) if k < sink or k > r - recent or k in top]
+                total += sum(float(probs[h, r, keep].sum()) for h in heads) / rep
+            kept.append(total / len(rows))
+        out["retrieval"].append(retrieval)
+        out["kept"].append(kept)
+    return out
+
+
+def test_profiler_scores_equal_a_dense_reference_by_hand():
+    model = tiny_model("llama")
+    tokenizer = load_tokenizer(DEMO_MODEL_DIR)
+    model.resize_token_embeddings(max(97, len(tokenizer)), mean_resizing=False)
+    config = ProfilerConfig(format="demo", haystack="synthetic", contexts=(160,), samples=2, num_passkeys=2,
+                            sink=3, recent=20)
+    result = profile_model(model, tokenizer, config, "tiny")
+    sink_h2o = config.policies()[2]
+    want = {"retrieval": 0, "kept": 0}
+    samples = list(sequences(tokenizer, config))
+    for ids, rows, spans in samples:
+        ref = reference_measures(model, ids, rows, spans, (sink_h2o.sink, sink_h2o.heavy, sink_h2o.recent), 2)
+        want = {k: want[k] + torch.tensor(ref[k], dtype=torch.float64) / len(samples) for k in want}
+    got_retrieval = torch.tensor(result.measurements["retrieval"].scores, dtype=torch.float64)
+    got_kept = torch.tensor(result.measurements["kept:sink_h2o"].scores, dtype=torch.float64)
+    torch.testing.assert_close(got_retrieval, want["retrieval"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_kept, want["kept"], rtol=0, atol=1e-5)
+    assert result.scores == result.measurements["retrieval"].scores
+    assert result.measurements["kept:sink_h2o"].settings["policy"] == sink_h2o.to_dict()
+
+
+def test_profiler_finds_the_demo_models_retrieval_heads_deterministically():
+    model, tokenizer = load_model(DEMO_MODEL_DIR), load_tokenizer(DEMO_MODEL_DIR)
+    config = ProfilerConfig(format="demo", num_passkeys=(1, 6), contexts=(512,), samples=4, sink=16, recent=64)
+    first, second = (profile_model(model, tokenizer, config) for _ in range(2))
+    assert first.scores == second.scores
+    top = dr.planning.streaming_order(first.flat_scores())[::-1][:3]
+    assert {(h // 4, h % 4) for h in top} == {(1, 3), (1, 1), (1, 0)}
+    assert first.source["kind"] == "profiler" and set(first.measurements) == {
+        "retrieval", "kept:sink_window", "kept:h2o", "kept:sink_h2o"}
+
+
+def test_cli_profile_writes_a_version_2_profile_and_refuses_bad_input(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "p.json"
+    result = runner.invoke(app, ["profile", "--samples", "2", "--contexts", "256", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["version"] == 2 and data["source"]["kind"] == "profiler" and "kept:h2o" in data["measurements"]
+    text = tmp_path / "t.txt"
+    text.write_text("abc def ghi " * 200)
+    result = runner.invoke(app, ["profile", "--data", "text", "--text", str(text), "--contexts", "256", "--samples", "1",
+                                 "--output", str(tmp_path / "t.json")])
+    assert result.exit_code == 0, result.output
+    assert "retrieval" not in json.loads((tmp_path / "t.json").read_text())["measurements"]
+    for args in (["--method", "gradient"], ["--data", "text"], ["--contexts", "0"]):
+        bad = runner.invoke(app, ["profile", *args, "--output", str(tmp_path / "x.json")])
+        assert bad.exit_code == 1 and bad.output.startswith("error:"), (args, bad.output)
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_v1_files_load_and_save_unchanged_and_v2_round_trips(tmp_path):
+    v1 = dr.save_profile(random_profile(), tmp_path / "v1.json")
+    text = v1.read_text()
+    assert json.loads(text)["version"] == 1
+    assert dr.save_profile(dr.load_profile(str(v1)), tmp_path / "again.json").read_text() == text
+    shipped = dr.load_profile("demo-model")
+    assert shipped.measurements == {}
+    measured = dr.Profile(shipped.model, shipped.scores, shipped.source, shipped.deploy,
+                          {"kept:sink_window": Measurement(shipped.scores, {"policy": {"policy": "sink_window"}})})
+    path = dr.save_profile(measured, tmp_path / "v2.json")
+    assert json.loads(path.read_text())["version"] == 2
+    assert dr.load_profile(str(path)) == measured
+    with pytest.raises(dr.ProfileError, match=r"measurements.kept:sink_window.scores \[0\]\[1\]"):
+        bad = json.loads(path.read_text())
+        bad["measurements"]["kept:sink_window"]["scores"][0][1] = 1.5
+        dr.profile_from_dict(bad)
