@@ -21,7 +21,7 @@ def score_histogram(scores: list[float], bins: int = HISTOGRAM_BINS) -> list[int
 
 
 def _streaming_policy(plan: dr.Plan) -> dict[str, Any] | None:
-    streaming = (p for row in plan.policies for p in row if not isinstance(p, dr.Full))
+    streaming = (p for row in plan.policies for p in row if p.bounded)
     policy = next(streaming, None)
     return policy.to_dict() if policy is not None else None
 

@@ -179,6 +179,7 @@ class StaticDuoCacheLayer(DuoCacheLayer):
 
     def _decode(self, q, k, v, pad_mask, scaling):
         if torch.compiler.is_compiling():
+            check_compile_device(q.device)
             torch._assert_async(self.seen < self.max_length, "static DuoCache is full: make it with a larger max_length")
         else:
             check_room(int(self.seen) + 1, self.max_length)
@@ -190,6 +191,18 @@ class StaticDuoCacheLayer(DuoCacheLayer):
     def _advance(self, tokens: int, real_after: torch.Tensor) -> None:
         self.seen.add_(tokens)  # in place: compiled steps hold these addresses
         self.real.copy_(real_after)
+
+
+COMPILE_DEVICES = ("cuda", "cpu", "xpu")  # where the compiled decode step is built and tested (cuda, cpu)
+
+
+def check_compile_device(device: torch.device) -> None:
+    if device.type not in COMPILE_DEVICES:
+        raise RuntimeError(
+            f"duocal's static cache does not support torch.compile on {device.type} (supported: "
+            f"{', '.join(COMPILE_DEVICES)}); run uncompiled with generation_config.disable_compile = True, or use a "
+            "dynamic cache (runtime.new_cache())"
+        )
 
 
 class DuoCache(Cache):

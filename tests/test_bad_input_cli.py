@@ -64,7 +64,8 @@ def cases(tmp_path: Path) -> dict[str, list[str]]:
         "pull folder": ["profiles", "pull", f"file://{tmp_path}"],
         "import onto a file's child": ["profiles", "import-upstream", str(REPO / "tests/data/upstream-duo-attention/"
                                        "Mistral-7B-Instruct-v0.2"), "-o", f"{good}/x.json"],
-        "eval model missing": ["eval", "passkey", "--model", "nope-dir/model", "--no-plot"],
+        "eval model missing": ["eval", "passkey", "--model", "nope-dir", "--no-plot"],
+        "eval model path missing": ["eval", "passkey", "--model", "./nope-dir/model", "--no-plot"],
         "eval model gguf missing": ["eval", "ppl", "--model", "weights.gguf"],
         "eval bad plot": ["eval", "passkey", "--plot", str(tmp_path / "out.xyz")],
         "eval bad sparsity": ["eval", "passkey", "--sparsity", "half", "--no-plot"],
@@ -116,7 +117,7 @@ def test_every_bad_input_is_one_error_line_and_changes_nothing(tmp_path, monkeyp
             failures.append(f"{name}: exit {result.exit_code}, {result.output[-300:]!r}, {result.exception!r}")
     assert not failures, "\n".join(failures)
     assert snapshot(tmp_path) == before, "a failed command wrote or changed files"
-    assert len(all_cases) >= 39
+    assert len(all_cases) >= 40
 
 
 @pytest.mark.parametrize("latest,message", [
@@ -138,3 +139,15 @@ def test_resume_with_a_damaged_config_yaml_is_refused(tmp_path):
     (out / "config.yaml").write_text("model: [1\n")
     result = CliRunner().invoke(app, ["calibrate", "--output", str(out), "--resume", "--dry-run"])
     assert result.exit_code == 1 and result.output.startswith("error: ") and "not valid YAML" in result.output
+
+
+@pytest.mark.slow  # huggingface_hub retries the connection for about 30 s
+def test_a_hub_that_cannot_be_reached_is_not_called_offline_mode(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("DUOCAL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")
+    result = CliRunner().invoke(app, ["profiles", "pull", "hf://me/repo"])
+    assert result.exit_code == 1 and result.output.startswith("error: ")
+    assert "could not reach http://127.0.0.1:9" in result.output and "offline mode" not in result.output

@@ -81,6 +81,8 @@ def test_unknown_names_and_missing_paths_never_reach_the_network(tmp_path):
     with pytest.raises(ModelFetchError, match="no config.json"):
         resolve_model(str(tmp_path), cache_dir=tmp_path)
     assert resolve_model("someone/some-model") == "someone/some-model"  # a Hub id passes through
+    with pytest.raises(ModelFetchError, match="neither a folder here nor a known name"):
+        resolve_model("nope-dir", cache_dir=tmp_path)
 
 
 def test_a_cached_model_resolves_offline_by_name(tmp_path):

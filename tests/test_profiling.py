@@ -116,3 +116,17 @@ def test_v1_files_load_and_save_unchanged_and_v2_round_trips(tmp_path):
         bad = json.loads(path.read_text())
         bad["measurements"]["kept:sink_window"]["scores"][0][1] = 1.5
         dr.profile_from_dict(bad)
+
+
+def test_rank_correlation_and_compare_cli(tmp_path):
+    from duocal.profile_compare import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0 and spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert spearman([1, 1, 2, 3], [1, 2, 2, 3]) == pytest.approx(0.8333, abs=1e-4)  # ties share mean ranks
+    shipped = dr.load_profile("demo-model")
+    flipped = dr.save_profile(dr.Profile(shipped.model, [[1 - s for s in row] for row in shipped.scores]),
+                              tmp_path / "flipped.json")
+    out = CliRunner().invoke(app, ["profiles", "compare", "demo-model", str(flipped), "--top", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output)
+    assert result["spearman"] < -0.9 and result["top_overlap"] == 0 and result["heads"] == 16

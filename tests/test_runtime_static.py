@@ -133,3 +133,18 @@ def test_static_cache_of_a_removed_runtime_is_refused():
     with dr.apply(model, mixed_plan(model)):
         with pytest.raises(RuntimeError, match="removed"):
             model.generate(input_ids=ids, max_new_tokens=3, do_sample=False, cache=cache)
+
+
+def test_compiling_the_static_decode_on_an_unsupported_device_says_so(monkeypatch):
+    from duocal_runtime import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "COMPILE_DEVICES", ("cuda",))  # as if this CPU were such a device
+    model = tiny_model("llama")
+    ids, _ = left_padded_batch([12])
+    with dr.apply(model, mixed_plan(model)) as runtime:
+        cache = runtime.new_cache(max_length=32)
+        with torch.no_grad():
+            model(input_ids=ids, cache=cache)
+            step = torch.compile(model.forward, fullgraph=True)
+            with pytest.raises(Exception, match="does not support torch.compile on cpu"):
+                step(input_ids=ids[:, :1], position_ids=torch.tensor([[12]]), cache=cache)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -45,6 +46,8 @@ def profile(
     haystack: Annotated[str, typer.Option(help="synthetic, repeated, or a text file.")] = "synthetic",
     passkeys: Annotated[int, typer.Option(help="Needles per sample.")] = 1,
     seed: Annotated[int, typer.Option(help="Sample seed.")] = ProfilerConfig.seed,
+    scores_from: Annotated[Optional[str], typer.Option(
+        help="Keep the scores of this profile (e.g. calibrated gates) and add the measurements to them.")] = None,
 ):
     """Measure every (layer, KV head) from the model's own attention: retrieval score and the share
     of attention a sink window, H2O and sink + H2O would keep. Writes a version-2 profile whose
@@ -68,6 +71,24 @@ def profile(
             recent=recent or (64 if is_demo else 256),
         )
         name = "duocal/demo-model" if is_demo else model_ref
-        result = profile_model(load_model(folder), load_tokenizer(folder), config, name)
+        base = dr.load_profile(scores_from) if scores_from else None
+        lm = load_model(folder)
+        if base is not None:
+            base.check_compatible(lm.config)
+        result = profile_model(lm, load_tokenizer(folder), config, name)
+        if base is not None:
+            result = with_measurements(base, result)
         dr.save_profile(result, output)
-    typer.echo(f"wrote {output} ({result.shape.describe()}, {result.source['seconds']} s)")
+    typer.echo(f"wrote {output} ({result.shape.describe()}, measured in {measured_seconds(result)} s)")
+
+
+def with_measurements(base: dr.Profile, measured: dr.Profile) -> dr.Profile:
+    """`base`'s scores and source, `measured`'s measurements, deploy sizes that plan the measured policies."""
+    d = measured.deploy
+    deploy = replace(base.deploy, sink=d.sink, recent=d.recent, heavy=d.heavy, h2o_recent=d.h2o_recent)
+    source = {**base.source, "measured_by": measured.source}
+    return replace(base, source=source, deploy=deploy, measurements=measured.measurements)
+
+
+def measured_seconds(profile: dr.Profile) -> float:
+    return profile.source.get("measured_by", profile.source).get("seconds")

@@ -11,6 +11,7 @@ import typer
 import duocal_runtime as dr
 from duocal_runtime.hf_compat import load_local_config
 
+from ..profile_compare import compare_profiles
 from ..profile_summary import profile_summary, render_summary
 from .errors import user_errors
 
@@ -84,3 +85,23 @@ def export_upstream(
     with user_errors():
         dr.export_upstream(dr.load_profile(profile), output)
     typer.echo(f"wrote {output}")
+
+
+@profiles_app.command("compare")
+def compare(
+    first: ProfileArg,
+    second: ProfileArg,
+    top: Annotated[Optional[int], typer.Option(help="How many top heads to compare (default: a quarter).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
+):
+    """How two profiles of one model agree: Spearman's rank correlation and top-head overlap.
+
+    Example: duocal profiles compare runs/calibrated.json runs/profiled.json --top 8
+    """
+    with user_errors():
+        result = compare_profiles(dr.load_profile(first), dr.load_profile(second), top)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(f"spearman {result['spearman']:.3f} over {result['heads']} heads; top {result['top']}: "
+                   f"{result['top_overlap']} in common")

@@ -129,6 +129,6 @@ def build_variants(shape: dr.ModelShape, config: Any, context: int, window: dr.S
 
 def head_policy(plan: dr.Plan) -> dict[str, Any] | None:
     """The first non-full policy of `plan` with its sizes (None for an all-full plan)."""
-    return next((p.to_dict() for row in plan.policies for p in row if not isinstance(p, dr.Full)), None)
+    return next((p.to_dict() for row in plan.policies for p in row if p.bounded), None)
 
 

@@ -2,7 +2,7 @@
 
 A path (something that exists, or that looks like one: absolute, starting with `.` or `~`, more
 than one `/`, a backslash, a file suffix such as `.gguf`) is never sent to the Hub: a missing one
-is an error at once. A Hub id is `name` or `owner/name`. A `.gguf` file is converted
+is an error at once. A Hub id is `owner/name`; a bare name must be a known model or a folder here. A `.gguf` file is converted
 once into `<cache>/models/gguf-<sha256 prefix>/`.
 """
 
@@ -30,6 +30,9 @@ def resolve_model(arg: str | Path, offline: bool = False, cache_dir: Path | None
     if text in KNOWN_MODELS and not Path(text).exists():
         return str(fetch_model(text, offline=offline, cache_dir=cache_dir))
     if not is_local_path(text):
+        if "/" not in text:
+            raise ModelFetchError(f"model {text!r} is neither a folder here nor a known name ({', '.join(KNOWN_MODELS)}); "
+                                  "give a model folder, a .gguf file, or a Hub id as owner/name")
         return text
     path = Path(text).expanduser()
     if not path.exists():

@@ -115,16 +115,19 @@ def _download_message(ref: HubRef, filename: str, err: Exception, offline: bool)
     from huggingface_hub import errors as hf
 
     where = f"{filename} from {ref}"
-    if offline or isinstance(err, (hf.LocalEntryNotFoundError, hf.OfflineModeIsEnabled)):
+    endpoint = _endpoint() or "https://huggingface.co"
+    if offline or isinstance(err, hf.OfflineModeIsEnabled):
         return (f"{where} is not in the Hugging Face cache and offline mode is on (--offline or "
                 "HF_HUB_OFFLINE=1): run the same pull once with network access")
+    if isinstance(err, hf.LocalEntryNotFoundError):  # the Hub could not be reached, and nothing is cached
+        return (f"could not reach {endpoint} for {where}, and it is not in the Hugging Face cache: check the network "
+                "(or HF_ENDPOINT), then pull again")
     if isinstance(err, hf.RepositoryNotFoundError):
         return f"{where}: repository {ref.repo_id} not found (or private: log in with `hf auth login`)"
     if isinstance(err, hf.RevisionNotFoundError):
         return f"{where}: revision {ref.revision!r} not found in {ref.repo_id}"
     if isinstance(err, hf.EntryNotFoundError):
         return f"{where}: no such file in the repo; check the path after OWNER/REPO"
-    endpoint = _endpoint() or "https://huggingface.co"
     return f"could not download {where} from {endpoint}: {type(err).__name__}: {err}"
 
 
