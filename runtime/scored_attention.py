@@ -31,8 +31,9 @@ def attention_with_mass(q, k, v, q_rank, k_rank, scaling: float) -> tuple[torch.
     t, s, r = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
     if t * s * r <= DENSE_MAX_ELEMENTS:
         return _blocked(q, k, v, q_rank, k_rank, scaling, block=t)
-    if not flex_route(q.device):
-        return _blocked(q, k, v, q_rank, k_rank, scaling, block=max(1, BLOCK_ELEMENTS // (s * r)))
+    if not flex_route(q.device):  # a block of queries holds BLOCK_ELEMENTS logits over all rows and heads
+        rows_per_query = q.shape[0] * q.shape[1]
+        return _blocked(q, k, v, q_rank, k_rank, scaling, block=max(1, BLOCK_ELEMENTS // (s * rows_per_query)))
     return _flex(q, k, v, q_rank, k_rank, scaling)
 
 
