@@ -6,6 +6,7 @@ New files get the mode a plain `open()` would give them under the user's umask (
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -22,6 +23,8 @@ def umask_mode(directory: bool = False) -> int:
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
     """Write `data` to `path` through a temporary file in the same folder and a rename."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder; give a file name", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

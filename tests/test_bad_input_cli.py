@@ -94,6 +94,9 @@ def cases(tmp_path: Path) -> dict[str, list[str]]:
         "output under a file": ["calibrate", "--output", f"{good}/run", "--dry-run"],
         "resume nothing": ["calibrate", "--output", str(tmp_path / "empty-run"), "--resume", "--dry-run"],
         "models unknown": ["models", "fetch", "llama-9000"],
+        "pull without a host": ["profiles", "pull", "http://"],
+        "import onto a folder": ["profiles", "import-upstream", str(REPO / "tests/data/upstream-duo-attention/"
+                                 "Mistral-7B-Instruct-v0.2"), "-o", str(tmp_path / "upstream2")],
     }
 
 
@@ -117,7 +120,7 @@ def test_every_bad_input_is_one_error_line_and_changes_nothing(tmp_path, monkeyp
             failures.append(f"{name}: exit {result.exit_code}, {result.output[-300:]!r}, {result.exception!r}")
     assert not failures, "\n".join(failures)
     assert snapshot(tmp_path) == before, "a failed command wrote or changed files"
-    assert len(all_cases) >= 40
+    assert len(all_cases) >= 42
 
 
 @pytest.mark.parametrize("latest,message", [

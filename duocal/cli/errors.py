@@ -10,7 +10,7 @@ import typer
 def describe(err: Exception) -> str:
     """One line for the user: an OSError names its file and what went wrong, without the errno."""
     if isinstance(err, OSError) and err.strerror and err.filename:
-        return f"{err.filename}: {err.strerror.lower()}"
+        return f"{err.filename}: {err.strerror[0].lower() + err.strerror[1:]}"
     return str(err)
 
 

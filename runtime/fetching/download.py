@@ -136,8 +136,11 @@ def fetch(
 ) -> bytes:
     """The verified bytes at `url`, or `DownloadError` after bounded time and retries."""
     settings = settings or DownloadSettings.from_env()
-    if urlsplit(url).scheme not in SCHEMES:
+    parts = urlsplit(url)
+    if parts.scheme not in SCHEMES:
         raise DownloadError(f"cannot download {url!r}: only {', '.join(SCHEMES)} URLs are supported")
+    if parts.scheme != "file" and not parts.hostname:
+        raise DownloadError(f"cannot download {url!r}: the URL has no host; give http(s)://HOST/PATH")
     reasons: list[str] = []
     for attempt in range(settings.retries + 1):
         if attempt:
