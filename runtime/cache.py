@@ -95,8 +95,6 @@ class DuoCacheLayer(CacheLayerMixin):
     def attend(self, q, k, v, pad_mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
         """q [B, H, T, D], k/v [B, Hkv, T, D] of the new tokens -> attention output [B, H, T, D]."""
         t = q.shape[2]
-        if self.max_length is None:
-            _check_mask_covers(pad_mask, self.seen + t)
         chunk = self.prefill_chunk_size or t
         outs = [self._attend_pass(q[:, :, i : i + chunk], k[:, :, i : i + chunk], v[:, :, i : i + chunk],
                                   pad_mask, scaling) for i in range(0, t, chunk)]
@@ -125,14 +123,6 @@ class DuoCacheLayer(CacheLayerMixin):
     # --- inspection -----------------------------------------------------------------------
     def nbytes(self) -> int:
         return sum(g.nbytes() for g in self.groups)
-
-
-def _check_mask_covers(pad_mask: torch.Tensor | None, tokens: int) -> None:
-    if pad_mask is not None and pad_mask.shape[-1] != tokens:
-        raise ValueError(
-            f"attention_mask covers {pad_mask.shape[-1]} tokens but the cache and input make {tokens}: "
-            "pass a mask over every token seen so far plus the new ones"
-        )
 
 
 class StaticDuoCacheLayer(DuoCacheLayer):

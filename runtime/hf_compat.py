@@ -58,8 +58,8 @@ def padding_mask(
 
     A static cache reports its seen count as a tensor (`q_offset`) and `max_length` as kv_length:
     its mask is padded to that fixed length (as transformers does for StaticCache) and never
-    reduced to None by a check that would sync the host inside a compiled step. Dynamic layers
-    check themselves that the mask covers every token seen plus the new ones.
+    reduced to None by a check that would sync the host inside a compiled step. For dynamic
+    caches the mask must cover every token seen plus the new ones.
     """
     if mask_function is not causal_mask_function:
         raise ValueError(
@@ -70,6 +70,11 @@ def padding_mask(
     mask = attention_mask[:, kv_offset : kv_offset + kv_length].to(torch.bool)
     if isinstance(q_offset, torch.Tensor):
         return torch.nn.functional.pad(mask, (0, kv_length - mask.shape[-1])) if mask.shape[-1] < kv_length else mask
+    if mask.shape[-1] != kv_length:
+        raise ValueError(
+            f"attention_mask covers {attention_mask.shape[-1]} tokens but the cache and input make {kv_length}: "
+            "pass a mask over every token seen so far plus the new ones"
+        )
     return None if bool(mask.all()) else mask
 
 

@@ -38,3 +38,17 @@ def test_apply_refuses_a_profile_or_a_non_model():
         dr.apply(model, profile)
     with pytest.raises(TypeError, match="model must be a transformers PreTrainedModel"):
         dr.apply("gpt2", dr.plan(profile, sparsity=0.5))
+
+
+def test_a_mask_over_only_the_new_tokens_is_refused():
+    import torch
+
+    from runtime_models import left_padded_batch
+
+    model = tiny_model("llama")
+    ids, _ = left_padded_batch([12])
+    with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())) as runtime:
+        cache = runtime.new_cache()
+        model(input_ids=ids, cache=cache)
+        with pytest.raises(ValueError, match="attention_mask covers 1 tokens but the cache and input make 13"):
+            model(input_ids=ids[:, :1], attention_mask=torch.ones(1, 1, dtype=torch.long), cache=cache)
