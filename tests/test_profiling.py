@@ -1,6 +1,7 @@
 """The training-free profiler against a reference computed by hand from the model's eager attention
 probabilities, on a tiny random model; its CLI; and profile v1/v2 round trips."""
 
+import dataclasses
 import json
 
 import pytest
@@ -98,6 +99,22 @@ def test_cli_profile_writes_a_version_2_profile_and_refuses_bad_input(tmp_path):
         bad = runner.invoke(app, ["profile", *args, "--output", str(tmp_path / "x.json")])
         assert bad.exit_code == 1 and bad.output.startswith("error:"), (args, bad.output)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_profile_scores_from_keeps_the_gates_and_measures_at_the_profiles_window(tmp_path):
+    base = dr.load_profile("demo-model")
+    moved = tmp_path / "base.json"  # a deploy window unlike the demo model's usual 16 + 64
+    dr.save_profile(dataclasses.replace(base, deploy=dataclasses.replace(base.deploy, sink=8, recent=32)), moved)
+    out = tmp_path / "merged.json"
+    result = CliRunner().invoke(app, ["profile", "--samples", "2", "--contexts", "256", "--scores-from", str(moved),
+                                      "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    merged = dr.load_profile(str(out))
+    assert merged.scores == base.scores and merged.source["kind"] == base.source["kind"]
+    assert merged.source["measured_by"]["kind"] == "profiler"
+    assert (merged.deploy.sink, merged.deploy.recent) == (8, 32)
+    window = merged.measurements["kept:sink_window"].settings["policy"]
+    assert (window["sink"], window["recent"]) == (8, 32)
 
 
 def test_v1_files_load_and_save_unchanged_and_v2_round_trips(tmp_path):

@@ -34,7 +34,7 @@ def test_shipped_profile_fits_and_ranks_heads(smollm2):
     model, _, profile = smollm2
     profile.check_compatible(model.config)
     assert profile.shape == dr.ModelShape(30, 9, 3, 64)
-    assert profile.source["kind"] == "calibration" and profile.deploy.sink == 64 and profile.deploy.recent == 256
+    assert profile.source["kind"] == "calibration" and profile.deploy.sink == 64 and profile.deploy.recent == 512
 
 
 @pytest.mark.slow
@@ -52,13 +52,12 @@ def test_duo_keeps_single_passkey_retrieval_where_streaming_and_random_heads_los
 
 @pytest.mark.slow
 def test_duo_perplexity_costs_a_few_percent_where_streaming_costs_more(smollm2):
-    """Measured at 2k: full 20.03, duo 50% 20.70 (+3.4%); README reports +6.4% at 4k (the project's
-    3% target is not met: calibration sees only passkey answers)."""
+    """Measured at 2k: full 20.03, duo 50% 20.43 (+2.0%), streaming 21.17; README: +2.6% at 4k."""
     model, tokenizer, profile = smollm2
     config = PerplexityConfig(policies=("full", "duo", "streaming"), sparsities=(0.5,), context=2048, scored=1024,
                               chunk=256, windows=1)
     rows = {r.policy: r for r in evaluate_perplexity(model, tokenizer, TEXT.read_text(), config, profile=profile)}
-    assert rows["full"].ppl < rows["duo"].ppl <= 1.05 * rows["full"].ppl
+    assert rows["full"].ppl < rows["duo"].ppl <= 1.03 * rows["full"].ppl
     assert rows["streaming"].ppl > rows["duo"].ppl
 
 

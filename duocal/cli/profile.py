@@ -37,10 +37,11 @@ def profile(
     text: Annotated[Optional[Path], typer.Option(help="A UTF-8 text file, for --data text.")] = None,
     samples: Annotated[int, typer.Option(help="Samples (text: windows at most) per context.")] = 8,
     contexts: Annotated[str, typer.Option(help="Context lengths in tokens.")] = "1024",
-    sink: Annotated[Optional[int], typer.Option(help="Sink tokens of the measured policies (default 16 for the demo "
-                                                     "model, else 64).")] = None,
-    recent: Annotated[Optional[int], typer.Option(help="Recent tokens (default 64 for the demo model, else 256).")]
+    sink: Annotated[Optional[int], typer.Option(help="Sink tokens of the measured policies (default: the "
+                                                     "--scores-from profile's, else 16 for the demo model, else 64).")]
     = None,
+    recent: Annotated[Optional[int], typer.Option(help="Recent tokens (default: the --scores-from profile's, else 64 "
+                                                       "for the demo model, else 256).")] = None,
     passkey_format: Annotated[Optional[str], typer.Option("--format", help="Passkey format (default: demo for the "
                                                                              "demo model, else digits).")] = None,
     haystack: Annotated[str, typer.Option(help="synthetic, repeated, or a text file.")] = "synthetic",
@@ -64,14 +65,15 @@ def profile(
                 body = text.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as err:
                 raise ValueError(f"cannot read --text {text}: {err}") from None
+        base = dr.load_profile(scores_from) if scores_from else None
+        default_sink, default_recent = default_window(base, is_demo)
         config = ProfilerConfig(
             data=data, text=body, samples=samples, contexts=tuple(split(contexts, int, "contexts")),
             format=passkey_format or default_format(folder), haystack=haystack,
-            num_passkeys=passkeys, seed=seed, sink=sink or (16 if is_demo else 64),
-            recent=recent or (64 if is_demo else 256),
+            num_passkeys=passkeys, seed=seed, sink=default_sink if sink is None else sink,
+            recent=default_recent if recent is None else recent,
         )
         name = "duocal/demo-model" if is_demo else model_ref
-        base = dr.load_profile(scores_from) if scores_from else None
         lm = load_model(folder)
         if base is not None:
             base.check_compatible(lm.config)
@@ -80,6 +82,13 @@ def profile(
             result = with_measurements(base, result)
         dr.save_profile(result, output)
     typer.echo(f"wrote {output} ({result.shape.describe()}, measured in {measured_seconds(result)} s)")
+
+
+def default_window(base: dr.Profile | None, is_demo: bool) -> tuple[int, int]:
+    """(sink, recent) measured when not given: the window `base` deploys, else the model's usual one."""
+    if base is not None:
+        return base.deploy.sink, base.deploy.recent
+    return (16, 64) if is_demo else (64, 256)
 
 
 def with_measurements(base: dr.Profile, measured: dr.Profile) -> dr.Profile:
