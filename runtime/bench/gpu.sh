@@ -8,13 +8,14 @@
 # transformers 5.24 as a wheel (here, before the run): pip download --no-deps transformers==5.24.0 -d wheels
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+stage=${1:-all}
+case "$stage" in check|32k|128k|all) ;; *) echo "unknown stage '$stage': give check, 32k, 128k or nothing (all)" >&2; exit 2;; esac
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT" /tmp/duocal-pkgs
 if [ -d wheels ]; then pip install -q --no-deps wheels/transformers-*.whl; fi
 ln -sfn "$PWD/runtime" /tmp/duocal-pkgs/duocal_runtime   # the runtime package without installing the project
 export PYTHONPATH=/tmp/duocal-pkgs${PYTHONPATH:+:$PYTHONPATH}
 BENCH="python -m duocal_runtime.bench --device cuda --dtype bfloat16 --shape llama3-8b --max-prefill 131072 --steps 32"
-stage=${1:-all}
 python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 if [ "$stage" = check ] || [ "$stage" = all ]; then
   python -m duocal_runtime.bench.gpu_check 2>&1 | tee "$OUT/gpu_check.txt"
