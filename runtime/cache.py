@@ -15,9 +15,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .hf_compat import LAYER_KWARG
 from .planning import Plan
-from .policies import HeadGroup
+from .policies.base import DecodeStep, HeadGroup, Step
 from .policies.static_buffers import check_room, mark_static
-from .step import DecodeStep, Step
 
 
 class DuoCacheLayer(CacheLayerMixin):

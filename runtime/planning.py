@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from .arguments import require_count, require_instance, require_number
 from .errors import PlanError
-from .mixing import mixed_choice
+from .mixed_planning import mixed_choice
 from .model_shape import ModelShape
 from .policies import Full, HeadPolicy, policy_class, policy_from_dict
 from .profile import Profile

@@ -30,7 +30,7 @@ from typing import Any
 
 from .atomic import write_atomic
 from .errors import ProfileError
-from .measurements import Measurement, checked_table, measurement_from_dict
+from .profile_measurements import Measurement, checked_table, measurement_from_dict
 from .model_shape import SHAPE_FIELDS, ModelShape, shape_of_config
 from .policies import bounded_policy_names
 

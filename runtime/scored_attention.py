@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from . import block_sparse as BS
-from . import kernels as K
+from . import dense_attention as DA
+from . import ranks as R
 
-DENSE_MAX_ELEMENTS = 1 << 19  # query rows x keys up to which probabilities are materialised at once
 BLOCK_ELEMENTS = 1 << 22  # CPU route: logits per block of queries (16 MiB in fp32)
 
 
@@ -29,7 +29,7 @@ def attention_with_mass(q, k, v, q_rank, k_rank, scaling: float) -> tuple[torch.
     """q [B, G*R, T, D], k/v [B, G, S, D], q_rank [B, T], k_rank [B, G, S] (each head its own slots)
     -> out [B, G*R, T, D], mass [B, G, S] fp32. A key is visible when real and not after the query."""
     t, s, r = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
-    if t * s * r <= DENSE_MAX_ELEMENTS:
+    if DA.fits_dense(t * r, s):
         return _blocked(q, k, v, q_rank, k_rank, scaling, block=t)
     if not flex_route(q.device):  # a block of queries holds BLOCK_ELEMENTS logits over all rows and heads
         rows_per_query = q.shape[0] * q.shape[1]
@@ -44,11 +44,11 @@ def _blocked(q, k, v, q_rank, k_rank, scaling, block: int):
     outs = []
     for i0 in range(0, t, block):
         end = s - t + min(t, i0 + block)
-        mask = K.expand_mask_over_heads(K.causal_rank_mask(q_rank[:, None, i0 : i0 + block], k_rank[..., :end]), r)
-        out, probs = K.attention(K.gqa_queries(q[:, :, i0 : i0 + block], g), k[:, :, :end], v[:, :, :end], mask,
+        mask = DA.expand_mask_over_heads(R.causal_rank_mask(q_rank[:, None, i0 : i0 + block], k_rank[..., :end]), r)
+        out, probs = DA.attention(DA.gqa_queries(q[:, :, i0 : i0 + block], g), k[:, :, :end], v[:, :, :end], mask,
                                  scaling, want_probs=True)
         mass[..., :end] += probs.sum(2)
-        outs.append(K.gqa_outputs(out, q.shape[1]))
+        outs.append(DA.gqa_outputs(out, q.shape[1]))
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0], mass
 
 

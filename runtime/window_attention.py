@@ -10,14 +10,10 @@ where a compiled kernel would cost more than it saves.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from . import block_sparse as BS
-from . import kernels as K
-
-# query rows x keys up to which one masked sdpa call is used: on CPU it is within ~1.3x of the
-# compiled kernel there (measured, sink 64 + recent 256) and needs no compile per new shape
-DENSE_MAX_ELEMENTS = 1 << 19
+from . import dense_attention as DA
+from . import ranks as R
 
 
 def sink_window_attention(q, k, v, q_rank, k_rank, sink: int, recent: int, scaling: float) -> torch.Tensor:
@@ -26,10 +22,8 @@ def sink_window_attention(q, k, v, q_rank, k_rank, sink: int, recent: int, scali
     Rows of padding queries (rank -1) output zeros or garbage: callers ignore them.
     """
     t, s = q.shape[2], k.shape[2]
-    if t * s * (q.shape[1] // k.shape[1]) <= DENSE_MAX_ELEMENTS:
-        mask = K.sink_window_mask(q_rank, k_rank, sink, recent)[:, None]  # [B, 1, T, S]
-        mask = mask | ~mask.any(-1, keepdim=True)  # sdpa gives NaN on rows with nothing to attend
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True)
+    if DA.fits_dense(t * (q.shape[1] // k.shape[1]), s):
+        return DA.sdpa(q, k, v, R.sink_window_mask(q_rank, k_rank, sink, recent)[:, None], scaling)  # mask [B, 1, T, S]
     tp, sp = BS.padded_length(t), BS.padded_length(s)
     q_rank, k_rank = BS.pad_to(q_rank, tp, 1, -1), BS.pad_to(k_rank, sp, 1, -1)
     partial, full = BS.visible_blocks(q_rank, k_rank, sink, recent)

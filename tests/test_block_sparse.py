@@ -9,7 +9,8 @@ from torch.nn.attention.flex_attention import flex_attention
 
 import duocal_runtime as dr
 from duocal_runtime import block_sparse as BS
-from duocal_runtime import kernels as K
+from duocal_runtime import ranks as R
+from duocal_runtime import dense_attention as DA
 from duocal_runtime import scored_attention, window_attention
 
 from reference_attention import NAME, DenseReference, runtime_kept_ranks
@@ -20,7 +21,7 @@ def ranks_with_padding(batch: int, t: int, pads: list[int], before: int = 0) -> 
     valid = torch.ones(batch, t, dtype=torch.bool)
     for row, p in enumerate(pads):
         valid[row, :p] = False
-    return K.ranks_of_new_tokens(valid, torch.full((batch,), before))
+    return R.ranks_of_new_tokens(valid, torch.full((batch,), before))
 
 
 def stored_ranks(batch: int, slots: int, below: int, seed: int, heads: int | None = None) -> torch.Tensor:
@@ -38,9 +39,9 @@ def test_block_maps_are_the_dense_mask_reduced_per_block(sink, recent):
     k_rank = torch.cat([stored_ranks(2, 128, 200, seed=1), q_rank], 1)
     partial, full = BS.visible_blocks(q_rank, k_rank, sink, recent)
     if recent is None:
-        dense = K.causal_rank_mask(q_rank, k_rank)
+        dense = R.causal_rank_mask(q_rank, k_rank)
     else:
-        dense = K.sink_window_mask(q_rank, k_rank, sink, recent)
+        dense = R.sink_window_mask(q_rank, k_rank, sink, recent)
     blocks = dense.unflatten(1, (-1, BS.BLOCK)).unflatten(3, (-1, BS.BLOCK))  # [B, nq, 128, nk, 128]
     any_visible, all_visible = blocks.any(2).any(-1), blocks.all(2).all(-1)
     assert torch.equal(full, all_visible)
@@ -67,7 +68,7 @@ def test_padded_lengths_are_few_and_tight():
 
 @pytest.mark.parametrize("heads,kv,t,stored,pads", [(4, 2, 300, 0, [0, 37]), (8, 2, 520, 60, [130, 0]), (4, 4, 700, 0, [0])])
 def test_flex_sink_window_equals_masked_attention(monkeypatch, heads, kv, t, stored, pads):
-    monkeypatch.setattr(window_attention, "DENSE_MAX_ELEMENTS", 0)
+    monkeypatch.setattr(DA, "DENSE_MAX_ELEMENTS", 0)
     g = torch.Generator().manual_seed(0)
     b = len(pads)
     q = torch.randn(b, heads, t, 16, generator=g)
@@ -75,7 +76,7 @@ def test_flex_sink_window_equals_masked_attention(monkeypatch, heads, kv, t, sto
     q_rank = ranks_with_padding(b, t, pads, before=stored + 10)
     k_rank = torch.cat([stored_ranks(b, stored, stored + 10, seed=2), q_rank], 1)
     out = window_attention.sink_window_attention(q, k, v, q_rank, k_rank, 7, 100, 0.25)
-    mask = K.sink_window_mask(q_rank, k_rank, 7, 100)[:, None]
+    mask = R.sink_window_mask(q_rank, k_rank, 7, 100)[:, None]
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~mask.any(-1, keepdim=True), scale=0.25,
                                           enable_gqa=True)
     real = (q_rank >= 0)[:, None, :, None].expand_as(out)
@@ -87,7 +88,7 @@ def test_attention_mass_without_a_probability_matrix_equals_the_dense_sum(monkey
     """The flex route (outputs + lse, then the swapped call) runs uncompiled here: compiled
     FlexAttention has no `return_lse` on CPU. On CUDA the same code runs compiled."""
     torch._dynamo.reset()
-    monkeypatch.setattr(scored_attention, "DENSE_MAX_ELEMENTS", 0)
+    monkeypatch.setattr(DA, "DENSE_MAX_ELEMENTS", 0)
     monkeypatch.setattr(scored_attention, "BLOCK_ELEMENTS", 4096)
     if route == "flex":
         monkeypatch.setattr(scored_attention, "flex_route", lambda device: True)
@@ -99,18 +100,18 @@ def test_attention_mass_without_a_probability_matrix_equals_the_dense_sum(monkey
     q_rank = ranks_with_padding(b, t, [0, 37], before=stored + 30)
     k_rank = torch.cat([stored_ranks(b, stored, stored + 30, seed=3, heads=kv), q_rank[:, None].expand(b, kv, t)], 2)
     out, mass = scored_attention.attention_with_mass(q, k, v, q_rank, k_rank, 0.25)
-    logits = (K.gqa_queries(q, kv) @ k.transpose(-1, -2)).double() * 0.25  # [B, G, R*T, S]
-    visible = K.expand_mask_over_heads(K.causal_rank_mask(q_rank[:, None], k_rank), heads // kv)
+    logits = (DA.gqa_queries(q, kv) @ k.transpose(-1, -2)).double() * 0.25  # [B, G, R*T, S]
+    visible = DA.expand_mask_over_heads(R.causal_rank_mask(q_rank[:, None], k_rank), heads // kv)
     probs = logits.masked_fill(~visible, float("-inf")).softmax(-1).nan_to_num(0.0)
     torch.testing.assert_close(mass.double(), probs.sum(2), rtol=0, atol=2e-5)
-    want = K.gqa_outputs((probs @ v.double()).float(), heads)
+    want = DA.gqa_outputs((probs @ v.double()).float(), heads)
     real = (q_rank >= 0)[:, None, :, None].expand_as(out)
     torch.testing.assert_close(out[real], want[real], rtol=0, atol=2e-6)
 
 
 @pytest.mark.slow
 def test_long_prompts_through_the_flex_path_match_the_dense_reference(monkeypatch):
-    monkeypatch.setattr(window_attention, "DENSE_MAX_ELEMENTS", 0)
+    monkeypatch.setattr(DA, "DENSE_MAX_ELEMENTS", 0)
     model = tiny_model("llama")
     plan = dr.Plan(dr.shape_of_config(model.config), [[dr.SinkWindow(4, 40), dr.H2O(20, 24)], [dr.Full(), dr.SinkWindow(8, 100)]])
     ids, mask = left_padded_batch([300, 170])

@@ -39,11 +39,11 @@ def test_recipe_loads_and_validates(path: Path):
 
 
 def test_demo_recipe_is_the_default_and_fits_the_demo_model():
-    from duocal.calibrate.setup import validate
+    from duocal.calibrate.model import check_recipe
 
     recipe = load_recipe(None)
     assert Path(recipe.source).name == "calibrate_demo.yaml" and recipe.model.name_or_path == "demo"
-    checked = validate(recipe)
+    checked = check_recipe(recipe)
     assert checked.config.model_type == "llama"
 
 

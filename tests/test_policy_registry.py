@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import duocal_runtime as dr
-from duocal_runtime import kernels as K
+from duocal_runtime import ranks as R
 from duocal_runtime.policies import POLICIES, HeadGroup
 
 from helpers import random_profile
@@ -35,10 +35,10 @@ class FirstAndRecentGroup(HeadGroup):
         keys = k if self.k is None else torch.cat([self.k, k], dim=2)
         values = v if self.v is None else torch.cat([self.v, v], dim=2)
         ranks = step.new_ranks if self.k is None else torch.cat([self.rank, step.new_ranks], dim=1)
-        mask = K.sink_window_mask(step.new_ranks, ranks, 1, self.policy.recent)[:, None]
+        mask = R.sink_window_mask(step.new_ranks, ranks, 1, self.policy.recent)[:, None]
         out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=step.scaling,
                                                                enable_gqa=True)
-        keep = K.sink_window_keep(ranks, step.real_after, 1, self.policy.recent)[0]  # one unpadded row
+        keep = R.sink_window_keep(ranks, step.real_after, 1, self.policy.recent)[0]  # one unpadded row
         self.k, self.v, self.rank = keys[:, :, keep], values[:, :, keep], ranks[:, keep]
         return out
 

@@ -14,7 +14,7 @@ from duocal.demo import DEMO_MODEL_DIR
 from duocal.eval.models import load_model, load_tokenizer
 from duocal.profiling import ProfilerConfig, profile_model
 from duocal.profiling.profiler import sequences
-from duocal_runtime.measurements import Measurement
+from duocal_runtime.profile_measurements import Measurement
 
 from helpers import random_profile
 from runtime_models import tiny_model

@@ -28,7 +28,7 @@ from rich.table import Table
 from duocal.calibrate import engine as ds
 from duocal.calibrate.batches import StepData
 from duocal.calibrate.recipe import load_recipe
-from duocal.calibrate.setup import build_objective, gated_attention, load_frozen_model, validate
+from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
 
 
 def median_seconds(fn, repeat: int, warmup: int = 1) -> float:
@@ -47,7 +47,7 @@ def bench(model_name: str, contexts: list[int], repeat: int, sink: int, recent: 
     for context in contexts:
         recipe = load_recipe(None, [f"model.name_or_path={model_name}", f"data.context={context}",
                                     f"attention.sink={sink}", f"attention.recent={recent}", f"attention.block={block}"])
-        checked = validate(recipe)
+        checked = check_recipe(recipe)
         data = StepData(checked.generator, checked.pad_id, 1, 1)
         micro = data.micro_batches(0, 0)[0]
         model = load_frozen_model(recipe)
@@ -66,7 +66,7 @@ def bench(model_name: str, contexts: list[int], repeat: int, sink: int, recent: 
 
         times = {"plain fwd+bwd (LM)": median_seconds(plain_lm, repeat),
                  "plain fwd+bwd (decoder)": median_seconds(plain_decoder, repeat)}
-        with gated_attention(model):
+        with calibration_attention(model):
             times.update(calibration_times(recipe, model, micro, repeat))
         base = times["plain fwd+bwd (LM)"]
         for name, seconds in times.items():

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from duocal.calibrate.streaming import DEFAULT_BLOCK, sink_window_attention
+from duocal.calibrate.window_blocks import DEFAULT_BLOCK, blocked_window_attention
 from duocal_runtime import hf_compat
 
 ATTENTION_NAME = "duocal_calibrate_gated"
@@ -68,12 +68,12 @@ def local_attention(gating: Gating, layer: int, scaling: float, q, k, v, kv_offs
         return out
     if layer not in gating.teacher:
         raise RuntimeError(f"duocal calibrate: no teacher output for layer {layer}; run the teacher pass first")
-    streaming = sink_window_attention(q, k, v, gating.sink, gating.recent, scaling, gating.block)
+    streaming = blocked_window_attention(q, k, v, gating.sink, gating.recent, scaling, gating.block)
     gates = gating.gates[layer, kv_offset : kv_offset + k.shape[1]]
     return mix(gates, gating.teacher[layer], streaming)
 
 
-def gated_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def attend_gated(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention-function signature: q [B,H,T,D], k/v [B,G,T,D] -> ([B,T,H,D], None)."""
     gating: Gating | None = kwargs.get(GATING_KWARG)
     if gating is None:
@@ -94,7 +94,7 @@ def install(model) -> str:
     """Switch `model` to the calibration attention (explicit; undo with `uninstall`). Returns the previous name."""
     hf_compat.check_model_supported(model.config)
     previous = hf_compat.attention_implementation(model)
-    hf_compat.register(ATTENTION_NAME, gated_attention)
+    hf_compat.register(ATTENTION_NAME, attend_gated)
     hf_compat.set_attention_implementation(model, ATTENTION_NAME)
     return previous
 

@@ -21,7 +21,7 @@ from duocal.calibrate.checkpoint import latest
 from duocal.calibrate.engine import free_port
 from duocal.calibrate.recipe import Recipe, load_recipe, load_resolved, save_resolved
 from duocal.calibrate.run import calibrate
-from duocal.calibrate.setup import validate
+from duocal.calibrate.model import check_recipe
 
 LAUNCHERS = ("torchrun", "deepspeed")
 CONFIG = "config.yaml"
@@ -61,7 +61,7 @@ def prepare(recipe_arg: str | None, overrides: list[str], output: str | Path, np
             raise ValueError(
                 f"{output} already holds a calibration run; pass --resume to continue it, or choose another --output"
             )
-    validate(recipe, nproc)
+    check_recipe(recipe, nproc)
     save_resolved(recipe, saved, extra={"nproc": nproc})
     return recipe
 

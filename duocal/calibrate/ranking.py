@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from duocal.calibrate.measure import PlanLoss
+from duocal.calibrate.plan_loss import PlanLoss
 from duocal.calibrate.recipe import load_recipe
-from duocal.calibrate.setup import build_objective, gated_attention, load_frozen_model, validate
+from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
 
 
 def tie_groups(gates: list[float], tie: float) -> list[list[int]]:
@@ -96,10 +96,10 @@ def rerank_profile(profile, recipe=None, overrides: list[str] = ()):
     """
     recipe = recipe if recipe is not None and not overrides else load_recipe(recipe, list(overrides))
     recipe.ranking.method = "measured"
-    checked = validate(recipe)
+    checked = check_recipe(recipe)
     profile.check_compatible(checked.config)
     model = load_frozen_model(recipe)
-    with gated_attention(model):
+    with calibration_attention(model):
         objective = build_objective(model, recipe, init=1.0)
         raw = torch.tensor(profile.scores, dtype=torch.float32)
         scores, info = rank_heads(recipe, objective, torch.device("cpu"), raw, checked.tokenizer, checked.pad_id, 1, 0,

@@ -46,7 +46,7 @@ class ModelSection(Section):
 
 
 class DataSection(Section):
-    format: str = "demo"  # duocal.data.formats preset: demo | digits | nato
+    format: str = "demo"  # duocal.data.passkey_formats preset: demo | digits | nato
     haystack: Union[str, dict[str, Any]] = "synthetic"  # synthetic | repeated | a .txt/.jsonl file | {dataset: ...}
     text_field: str = "text"
     context: IntRange = [256, 1024]  # tokens per sample: an int or [min, max]

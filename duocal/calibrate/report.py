@@ -9,7 +9,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal.calibrate.recipe import RECIPES_DIR, Recipe
-from duocal.calibrate.setup import model_name
+from duocal.calibrate.model import model_name
 from duocal.plots import scores_heatmap
 
 

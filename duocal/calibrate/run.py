@@ -32,7 +32,7 @@ from duocal.calibrate.batches import StepData
 from duocal.calibrate.gates import clamp_trainable_
 from duocal.calibrate.recipe import Recipe, load_resolved
 from duocal.calibrate.schedule import lr_factor
-from duocal.calibrate.setup import build_objective, gated_attention, load_frozen_model, validate
+from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
 from duocal.calibrate.ulysses import SequenceParallel
 
 def set_seed(seed: int) -> None:
@@ -56,7 +56,7 @@ class Metrics:
                 f.write(json.dumps(record) + "\n")
 
 
-def progress_bar(active: bool):
+def calibration_progress(active: bool):
     """Rank 0's bar: step, losses and lr of the last step, elapsed time and ETA."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -76,11 +76,11 @@ def calibrate(recipe: Recipe, output: str | Path, resume: bool = False) -> Path 
 
 
 def _calibrate(recipe: Recipe, output: Path, resume: bool, rank: int, world: int) -> Path | None:
-    checked = validate(recipe, world)
+    checked = check_recipe(recipe, world)
     output.mkdir(parents=True, exist_ok=True)
     set_seed(recipe.train.seed)
     model = load_frozen_model(recipe)
-    with gated_attention(model):
+    with calibration_attention(model):
         return _train_and_rank(recipe, output, resume, rank, world, checked, model)
 
 
@@ -98,7 +98,7 @@ def _train_and_rank(recipe, output, resume, rank, world, checked, model) -> Path
     metrics = Metrics(output / "metrics.jsonl", start, rank == 0)
     last: dict[str, float] = {}
     begun = time.perf_counter()
-    with progress_bar(rank == 0) as bar:
+    with calibration_progress(rank == 0) as bar:
         task = bar.add_task("calibrate", total=t.steps, completed=start, losses="")
         for step in range(start, t.steps):
             tic = time.perf_counter()

@@ -3,12 +3,10 @@
 import typer
 
 from . import profiles_remote  # noqa: F401  its decorators add `profiles list | pull | push` to profiles_app
-from .calibrate import EPILOG as CALIBRATE_EPILOG
-from .calibrate import calibrate
+from .calibrate import CALIBRATE_EPILOG, calibrate_command
 from .eval import eval_app
 from .models import models_app
-from .profile import EPILOG as PROFILE_EPILOG
-from .profile import profile
+from .profile import PROFILE_EPILOG, profile_command
 from .profiles import profiles_app
 
 app = typer.Typer(
@@ -21,5 +19,5 @@ app = typer.Typer(
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(eval_app, name="eval")
 app.add_typer(models_app, name="models")
-app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate)
-app.command("profile", epilog=PROFILE_EPILOG)(profile)
+app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate_command)
+app.command("profile", epilog=PROFILE_EPILOG)(profile_command)

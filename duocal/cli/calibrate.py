@@ -9,7 +9,7 @@ import typer
 
 from .errors import user_errors
 
-EPILOG = """Examples:
+CALIBRATE_EPILOG = """Examples:
 
   duocal calibrate --output runs/demo                       # the demo recipe on the bundled demo model
 
@@ -21,7 +21,7 @@ EPILOG = """Examples:
 """
 
 
-def calibrate(
+def calibrate_command(
     args: Annotated[Optional[list[str]], typer.Argument(
         help="RECIPE (a YAML file or shipped recipe name; default: calibrate_demo), then key=value overrides.",
         show_default=False)] = None,

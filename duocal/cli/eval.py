@@ -16,7 +16,7 @@ import duocal_runtime as dr
 
 from ..demo import DEMO_MODEL_DIR
 from ..eval.models import default_format, load_model, load_tokenizer
-from ..eval.passkey import DEFAULT_SEED, PasskeyEvalConfig, check_eval, evaluate_passkey
+from ..eval.passkey import EVAL_SEED, PasskeyEvalConfig, check_eval, evaluate_passkey
 from ..eval.variants import DEFAULT_ROWS, ROW_KINDS
 from ..eval.perplexity import PerplexityConfig, evaluate_perplexity
 from ..eval.tables import check_plot_path, plot_rows, render_ppl_table, render_table
@@ -57,7 +57,7 @@ def default_profile(model: str | Path) -> Optional[str]:
 
 
 @contextlib.contextmanager
-def progress_bar(console: Console, label: str):
+def eval_progress(console: Console, label: str):
     """A transient bar on stderr; yields the `progress(done, total, label)` callback evaluations take."""
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
@@ -82,7 +82,7 @@ def passkey(
     contexts: Annotated[str, typer.Option(help="Context lengths in tokens.")] = "512,1024",
     samples: Annotated[int, typer.Option(help="Samples per context (the same for every policy).")] = 40,
     seed: Annotated[int, typer.Option(help="Sample seed (the default is held out from the demo recipe).")]
-    = DEFAULT_SEED,
+    = EVAL_SEED,
     sink: Annotated[Optional[int], typer.Option(help="Sink tokens of streaming heads (default: the profile's, else 64).")]
     = None,
     recent: Annotated[Optional[int], typer.Option(
@@ -136,7 +136,7 @@ def passkey(
         check_eval(config, AutoConfig.from_pretrained(model_dir), loaded, tokenizer)  # before loading the weights
         lm = load_model(model_dir)
         err = Console(stderr=True)
-        with progress_bar(err, "passkey") as progress:
+        with eval_progress(err, "passkey") as progress:
             rows = evaluate_passkey(lm, tokenizer, config, profile=loaded, progress=progress)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
@@ -196,7 +196,7 @@ def ppl(
             raise ValueError(f"cannot read --text {source}: {err}") from None
         model_dir = resolve_model(model)
         lm, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
-        with progress_bar(Console(stderr=True), "ppl") as progress:
+        with eval_progress(Console(stderr=True), "ppl") as progress:
             rows = evaluate_perplexity(lm, tokenizer, content, config, profile=loaded, progress=progress)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))

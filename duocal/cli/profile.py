@@ -17,7 +17,7 @@ from ..profiling import ProfilerConfig, profile_model
 from .errors import user_errors
 from .eval import split
 
-EPILOG = """Examples:
+PROFILE_EPILOG = """Examples:
 
   duocal profile --output runs/demo-profiled.json          # the bundled demo model, passkey data
 
@@ -27,7 +27,7 @@ EPILOG = """Examples:
 """
 
 
-def profile(
+def profile_command(
     model: Annotated[Optional[str], typer.Argument(
         help="A model folder, a .gguf file or a known name (default: the bundled demo model).")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write (version 2).")] = ...,

@@ -53,7 +53,7 @@ def show(
 
 
 @profiles_app.command("validate")
-def validate(profile: ProfileArg, model_config: ModelConfigOpt = None):
+def validate_command(profile: ProfileArg, model_config: ModelConfigOpt = None):
     """Exit 0 if PROFILE is valid (and fits --model-config), else print why and exit 1."""
     with user_errors():
         loaded = dr.load_profile(profile)

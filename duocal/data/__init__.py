@@ -1,7 +1,7 @@
 """Synthetic passkey data: one generator for calibration and for evaluation."""
 
 from duocal.data.filler import SyntheticFiller
-from duocal.data.formats import FORMATS, PasskeyFormat, get_format
+from duocal.data.passkey_formats import FORMATS, PasskeyFormat, get_format
 from duocal.data.haystack import Haystack, load_haystack
 from duocal.data.passkey import (
     IGNORE_INDEX,

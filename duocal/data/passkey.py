@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from duocal.data.formats import PasskeyFormat, get_format
+from duocal.data.passkey_formats import PasskeyFormat, get_format
 from duocal.data.haystack import Haystack, load_haystack
 from duocal.data.padding import pad_batch
 from duocal.data.templates import encode_blocks
@@ -111,7 +111,7 @@ class PasskeyGenerator:
     questions: ``"one"`` asks for one random needle; ``"all"`` asks for every needle, in random order.
     haystack: ``"synthetic"``, a file path (``.jsonl`` or plain text), a ``datasets`` dataset, a
         list of strings or a ``Haystack`` (see ``duocal.data.haystack.load_haystack``).
-    format: a preset name from ``duocal.data.formats.FORMATS`` or a ``PasskeyFormat``.
+    format: a preset name from ``duocal.data.passkey_formats.FORMATS`` or a ``PasskeyFormat``.
     add_bos: start every sample with the tokenizer's BOS token (when it has one).
     """
 

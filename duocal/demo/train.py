@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import yaml
 
 from duocal.data import SyntheticFiller, PasskeyGenerator, PasskeySample, TokenKind, collate, get_format
-from duocal.data.formats import DEMO_KEYS
+from duocal.data.passkey_formats import DEMO_KEYS
 from duocal_runtime import hf_compat
 from duocal.demo.tokenizer import build_tokenizer
 from duocal.eval.retrieval_heads import needle_attention, top_heads
@@ -228,7 +228,7 @@ def evaluate(model, tokenizer, recipe: dict) -> dict:
     return results
 
 
-def save(model, tokenizer, recipe: dict, results: dict, output_dir: str | Path) -> None:
+def save_demo_model(model, tokenizer, recipe: dict, results: dict, output_dir: str | Path) -> None:
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output, safe_serialization=True)
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m duocal.demo.train RECIPE.yaml [key=value ...]")
     recipe = load_training_recipe(argv[0], argv[1:])
     out = train(recipe)
-    save(out["model"], out["tokenizer"], recipe, out["results"], recipe["output_dir"])
+    save_demo_model(out["model"], out["tokenizer"], recipe, out["results"], recipe["output_dir"])
     r = out["results"]
     print(json.dumps({"exact_match": r["exact_match"], "retrieval_heads": r["retrieval_heads"],
                       "training_seconds": r["training_seconds"]}, indent=2))

@@ -21,13 +21,12 @@ import duocal_runtime as dr
 from duocal.data import PasskeyGenerator, PasskeySample
 from duocal.data.padding import pad_batch, pad_token_id
 from duocal.demo import DEMO_PASSKEY_FORMAT
-from duocal.eval.variants import DEFAULT_ROWS, NEED_PROFILE, Variant, build_variants, check_rows, head_policy, streaming_window
+from duocal.eval.variants import Progress, DEFAULT_ROWS, NEED_PROFILE, Variant, build_variants, check_rows, head_policy, streaming_window
 from duocal_runtime.hf_compat import check_model_supported
 
 # Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
-DEFAULT_SEED = 7777
+EVAL_SEED = 7777
 
-Progress = Callable[[int, int, str], None]  # (sequences done, sequences in all, what is running)
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class PasskeyEvalConfig:
     sparsities: tuple[float, ...] = (0.25, 0.5, 0.75)
     contexts: tuple[int, ...] = (512, 1024)
     samples: int = 40
-    seed: int = DEFAULT_SEED
+    seed: int = EVAL_SEED
     sink: int | None = None
     recent: int | None = None
     random_seeds: int = 3
@@ -175,7 +174,7 @@ def run_plan(model, plan: dr.Plan, batches: Sequence[Batch], pad_id: int,
     return hits, measured
 
 
-def make_row(variant: Variant, context: int, results: list[tuple[list[bool], int]], dtype: Any,
+def passkey_row(variant: Variant, context: int, results: list[tuple[list[bool], int]], dtype: Any,
              seconds: float) -> PasskeyRow:
     plans = variant.plans
     full_bytes = dr.uniform_plan(plans[0].shape, dr.Full()).kv_bytes(context, 1, dtype)
@@ -227,5 +226,5 @@ def evaluate_passkey(model, tokenizer, config: PasskeyEvalConfig = PasskeyEvalCo
         tick(0)
         started = time.perf_counter()
         results = [run_plan(model, plan, batches, pad_id, tick) for plan in variant.plans]
-        rows.append(make_row(variant, context, results, dtype, time.perf_counter() - started))
+        rows.append(passkey_row(variant, context, results, dtype, time.perf_counter() - started))
     return rows

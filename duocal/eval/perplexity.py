@@ -19,9 +19,8 @@ from typing import Any
 import torch
 
 import duocal_runtime as dr
-from duocal.eval.variants import DEFAULT_ROWS, NEED_PROFILE, NEED_SPARSITY, Variant, build_variants, check_rows, streaming_window
+from duocal.eval.variants import Progress, DEFAULT_ROWS, NEED_PROFILE, NEED_SPARSITY, Variant, build_variants, check_rows, streaming_window
 
-Progress = Callable[[int, int, str], None]  # (windows done, windows in all, what is running)
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ def plan_ppl(model, plan: dr.Plan, windows: Sequence[torch.Tensor], config: Perp
     return math.exp(float(torch.cat(losses).mean()))
 
 
-def make_row(variant: Variant, config: PerplexityConfig, ppls: list[float], windows: int, dtype, seconds) -> PerplexityRow:
+def perplexity_row(variant: Variant, config: PerplexityConfig, ppls: list[float], windows: int, dtype, seconds) -> PerplexityRow:
     plans = variant.plans
     full_bytes = dr.uniform_plan(plans[0].shape, dr.Full()).kv_bytes(config.context, 1, dtype)
     kv_bytes = round(sum(p.kv_bytes(config.context, 1, dtype) for p in plans) / len(plans))
@@ -147,5 +146,5 @@ def evaluate_perplexity(model, tokenizer, text: str, config: PerplexityConfig = 
 
         started = time.perf_counter()
         ppls = [plan_ppl(model, plan, windows, config, tick) for plan in variant.plans]
-        rows.append(make_row(variant, config, ppls, len(windows), dtype, time.perf_counter() - started))
+        rows.append(perplexity_row(variant, config, ppls, len(windows), dtype, time.perf_counter() - started))
     return rows

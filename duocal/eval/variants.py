@@ -16,7 +16,7 @@ has the same KV bytes.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ NEED_PROFILE = ("duo", "mix")
 DEFAULT_ROWS = ("full", "duo", "streaming", "h2o", "random")  # mix on request
 MIX_POLICIES = ("full", "sink_window", "h2o")
 DEFAULT_WINDOW = dr.SinkWindow()
+Progress = Callable[[int, int, str], None]  # (units done, units in all, what is running)
 
 
 def check_rows(policies: Sequence[str], sparsities: Sequence[float]) -> None:

@@ -21,9 +21,9 @@ from duocal.data import PasskeyGenerator
 from duocal.eval.perplexity import text_windows
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_share, retrieval_score
-from duocal_runtime.measurements import Measurement, kept_name
+from duocal_runtime.profile_measurements import Measurement, kept_name
 
-DEFAULT_SEED = 4242  # not among calibration's or evaluation's default seeds
+PROFILER_SEED = 4242  # not among calibration's or evaluation's default seeds
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class ProfilerConfig:
     format: str = "digits"
     haystack: Any = "synthetic"
     num_passkeys: int | tuple[int, int] = 1
-    seed: int = DEFAULT_SEED
+    seed: int = PROFILER_SEED
     sink: int = 64
     recent: int = 256
     text_rows: int = 64

@@ -25,7 +25,7 @@ import torch
 
 import duocal_runtime as dr
 
-from . import measure as M
+from . import timing as M
 from . import rows as R
 from .shapes import SHAPES, bench_model, weight_bytes_read
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import kernels as K
+from .. import dense_attention as DA
+from .. import ranks as R
 from ..scored_attention import attention_with_mass
-from ..step import DecodeStep, Step
-from .base import HeadGroup, HeadPolicy, register_policy
+from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
 from .static_buffers import allocate_static
 
 @register_policy
@@ -67,7 +67,7 @@ class H2OGroup(HeadGroup):
         """One new token per row (rank [B]; `valid` [B], or None when every row's token is real):
         attend over stored + new, score, then overwrite the lowest-priority slot (an empty one
         first) with it. No shape depends on data."""
-        qg = K.gqa_queries(q, self.num_kv).float()  # [B, G, R, D]
+        qg = DA.gqa_queries(q, self.num_kv).float()  # [B, G, R, D]
         stored = torch.matmul(qg, self.k.float().transpose(-1, -2)) * scaling  # [B, G, R, S]
         stored = stored.masked_fill((self.rank < 0)[:, :, None, :], float("-inf"))
         new = (qg * k.float()).sum(-1, keepdim=True) * scaling  # [B, G, R, 1]
@@ -80,10 +80,10 @@ class H2OGroup(HeadGroup):
         if valid is not None:
             mass = mass * valid[:, None, None]  # padding queries add no attention mass
         self.score += mass[..., :-1]
-        priority = K.h2o_priority(self.score, self.rank, real_after, self.sink, self.policy.recent)
+        priority = R.h2o_priority(self.score, self.rank, real_after, self.sink, self.policy.recent)
         slot = priority.argmin(-1, keepdim=True)  # [B, G, 1]: an empty slot, else the lowest-scoring evictable
         self._write_slot(slot, k, v, new_rank[:, None, None].expand_as(slot), mass[..., -1:], valid)
-        return K.gqa_outputs(out, q.shape[1])
+        return DA.gqa_outputs(out, q.shape[1])
 
     def _write_slot(self, slot, k, v, rank, score, valid) -> None:
         """Put the new token in `slot` [B, G, 1] (rows whose token is padding keep the old one)."""
@@ -108,12 +108,12 @@ class H2OGroup(HeadGroup):
         return out
 
     def _evict(self, real_after):
-        priority = K.h2o_priority(self.score, self.rank, real_after, self.sink, self.policy.recent)
-        keep = K.h2o_keep_slots(priority, self.policy.budget)
+        priority = R.h2o_priority(self.score, self.rank, real_after, self.sink, self.policy.recent)
+        keep = R.h2o_keep_slots(priority, self.policy.budget)
         if keep is None:
             return
-        self.k, self.v = K.gather_slots(self.k, keep), K.gather_slots(self.v, keep)
-        self.rank, self.score = K.gather_slots(self.rank, keep), K.gather_slots(self.score, keep)
+        self.k, self.v = R.gather_slots(self.k, keep), R.gather_slots(self.v, keep)
+        self.rank, self.score = R.gather_slots(self.rank, keep), R.gather_slots(self.score, keep)
 
     def fill(self, batch, context, head_dim, dtype, device):
         kept = self.policy.tokens_kept(context)

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import kernels as K
-from ..step import DecodeStep, Step
+from .. import ranks as R
 from ..window_attention import sink_window_attention
-from .base import HeadGroup, HeadPolicy, register_policy
-from .full import decode_sdpa
+from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
+from ..dense_attention import decode_sdpa
 from .static_buffers import allocate_static
 
 
@@ -79,11 +78,11 @@ class SinkWindowGroup(HeadGroup):
         ranks = torch.cat([self.rank, step.new_ranks], dim=1)
         out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy.sink, self.policy.recent,
                                     step.scaling)
-        keep = K.sink_window_keep(ranks, step.real_after, self.policy.sink, self.policy.recent)
-        order, count = K.compact_order(keep)
+        keep = R.sink_window_keep(ranks, step.real_after, self.policy.sink, self.policy.recent)
+        order, count = R.compact_order(keep)
         index = order[:, :count]
-        self.k, self.v = K.gather_slots(keys, index), K.gather_slots(values, index)
-        self.rank = torch.where(K.gather_slots(keep, index), K.gather_slots(ranks, index), -1)
+        self.k, self.v = R.gather_slots(keys, index), R.gather_slots(values, index)
+        self.rank = torch.where(R.gather_slots(keep, index), R.gather_slots(ranks, index), -1)
         return out
 
     def fill(self, batch, context, head_dim, dtype, device):
@@ -113,7 +112,7 @@ class StaticSinkWindowGroup(SinkWindowGroup):
         ranks = torch.cat([self.rank, step.new_ranks], dim=1)
         out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy.sink, self.policy.recent,
                                     step.scaling)
-        keep = K.sink_window_keep(ranks, step.real_after, self.policy.sink, self.policy.recent)
+        keep = R.sink_window_keep(ranks, step.real_after, self.policy.sink, self.policy.recent)
         self._store(keys, values, ranks, keep)
         return out
 

@@ -1,4 +1,4 @@
-"""Pure tensor functions behind the per-head attention: masks, selections and blocked attention.
+"""Token ranks and slot selection: pure tensor functions behind the per-head storage.
 
 Shapes: B batch, G KV heads of a group, R query heads per KV head, T new tokens, S keys.
 A *rank* is a token's index among the real (unpadded) tokens of its row: 0 for the first real
@@ -8,47 +8,6 @@ token. Empty cache slots and padding have rank -1.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-
-
-def gqa_queries(q: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, G*R, T, D] -> [B, G, R*T, D]: the query heads of one KV head become rows."""
-    b, h, t, d = q.shape
-    return q.reshape(b, groups, (h // groups) * t, d)
-
-
-def gqa_outputs(out: torch.Tensor, heads: int) -> torch.Tensor:
-    """[B, G, R*T, D] -> [B, G*R, T, D], the inverse of `gqa_queries`."""
-    b, g, rt, d = out.shape
-    return out.reshape(b, heads, rt * g // heads, d)
-
-
-def expand_mask_over_heads(mask: torch.Tensor, rep: int) -> torch.Tensor:
-    """[B, M, T, S] -> [B, M, R*T, S] matching `gqa_queries` (M is 1 or G)."""
-    if mask.shape[2] == 1:
-        return mask  # broadcasts over the R rows
-    b, m, t, s = mask.shape
-    return mask.unsqueeze(2).expand(b, m, rep, t, s).reshape(b, m, rep * t, s)
-
-
-def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scaling: float, want_probs: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Softmax attention. q [B,G,L,D], k/v [B,G,S,D], mask broadcastable to [B,G,L,S] (True = attend).
-
-    Rows with no key to attend to (padding queries) output garbage that callers ignore, and get
-    all-zero probabilities, so they never add attention mass to H2O scores.
-    Returns out [B,G,L,D] and, with `want_probs`, fp32 probabilities [B,G,L,S].
-    """
-    if not want_probs:
-        if mask is not None:
-            mask = mask | ~mask.any(-1, keepdim=True)  # sdpa returns NaN on rows with nothing to attend
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling), None
-    logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
-    if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)
-    return torch.matmul(probs.to(v.dtype), v), probs
 
 
 def ranks_of_new_tokens(valid: torch.Tensor, real_before: torch.Tensor) -> torch.Tensor:

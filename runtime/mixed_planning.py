@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import PlanError
-from .measurements import kept_name
+from .profile_measurements import kept_name
 from .policies import HeadPolicy
 
 

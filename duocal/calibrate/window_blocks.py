@@ -55,12 +55,12 @@ def _key_blocks(k: torch.Tensor, sink: int, c: int, block: int, n: int) -> torch
     return torch.cat([sinks, windows], dim=3)
 
 
-def sink_window_attention(
+def blocked_window_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: int, recent: int, scaling: float, block: int = DEFAULT_BLOCK
 ) -> torch.Tensor:
     """Blocked streaming attention. q [B, H, T, D], k/v [B, G, T, D] -> [B, H, T, D].
 
-    Differentiable (plain torch ops); equal to `dense_sink_window_attention` up to rounding.
+    Differentiable (plain torch ops); equal to `dense_window_attention` up to rounding.
     """
     if sink < 0 or recent < 1 or block < 1:
         raise ValueError(f"need sink >= 0, recent >= 1 and block >= 1, got {sink}, {recent}, {block}")
@@ -81,10 +81,10 @@ def sink_window_attention(
     return out[:, :, :t]
 
 
-def dense_sink_window_attention(
+def dense_window_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: int, recent: int, scaling: float
 ) -> torch.Tensor:
-    """Reference with a dense [T, T] mask (tests only). Same shapes as `sink_window_attention`."""
+    """Reference with a dense [T, T] mask (tests only). Same shapes as `blocked_window_attention`."""
     t = q.shape[2]
     i = torch.arange(t, device=q.device)[:, None]
     j = torch.arange(t, device=q.device)[None, :]

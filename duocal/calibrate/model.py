@@ -62,7 +62,7 @@ class Checked:
         return pad_token_id(self.tokenizer, self.config)
 
 
-def validate(recipe: Recipe, nproc: int = 1) -> Checked:
+def check_recipe(recipe: Recipe, nproc: int = 1) -> Checked:
     """Every check that needs the model's config and tokenizer but not its weights (cheap)."""
     config, tokenizer = load_config_and_tokenizer(recipe)
     check_model_supported(config)
@@ -96,7 +96,7 @@ def load_frozen_model(recipe: Recipe):
 
 def build_objective(model, recipe: Recipe, init: float | None = None, sequence_parallel=None) -> GateObjective:
     """Gates (one per layer and KV head, starting at `init`, default the recipe's) and the
-    distillation objective on `model`'s decoder. Call inside `gated_attention(model)`."""
+    distillation objective on `model`'s decoder. Call inside `calibration_attention(model)`."""
     shape = dr.shape_of_config(model.config)
     a, t = recipe.attention, recipe.train
     gates = Gates(shape.num_hidden_layers, shape.num_key_value_heads, t.init if init is None else init)
@@ -105,7 +105,7 @@ def build_objective(model, recipe: Recipe, init: float | None = None, sequence_p
 
 
 @contextlib.contextmanager
-def gated_attention(model):
+def calibration_attention(model):
     """The model runs the calibration attention inside the block, its own attention afterwards."""
     previous = install(model)
     try:
