@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo demo-real test
+.PHONY: setup demo demo-real lint test
 
 setup: $(VENV)/.installed
 
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/duocal calibrate --output out/demo
 	$(VENV)/bin/duocal eval passkey --profile out/demo/profile.json --sparsity 0.5 \
-		--policies full,duo,streaming,random --contexts 512,1024 --samples 40 --plot out/demo/passkey.png
+		--rows full,duo,streaming,random --contexts 512,1024 --samples 40 --plot out/demo/passkey.png
 
 # The real-model demo: fetch SmolLM2-135M-Instruct (once), then evaluate its shipped profile
 # (profiles/smollm2-135m-instruct.json) against full attention, StreamingLLM, H2O and random heads:
@@ -28,9 +28,14 @@ demo: setup
 demo-real: setup
 	$(VENV)/bin/duocal models fetch smollm2-135m-instruct
 	OMP_NUM_THREADS=2 $(VENV)/bin/duocal eval passkey --model smollm2-135m-instruct --passkeys 1 --haystack repeated \
-		--contexts 2048 --sparsity 0.5 --policies full,duo,streaming,h2o,random --samples 8 --random-seeds 2 \
+		--contexts 2048 --sparsity 0.5 --rows full,duo,streaming,h2o,random --samples 8 --random-seeds 2 \
 		--plot out/demo-real/passkey.png
 	OMP_NUM_THREADS=2 $(VENV)/bin/duocal eval ppl --model smollm2-135m-instruct --context 4096 --sparsity 0.5 --windows 1
 
-test: setup
+# Formatting and lint (ruff, 120 columns), then the whole suite.
+lint: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(PY) -m pytest -q

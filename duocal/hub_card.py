@@ -57,8 +57,8 @@ def _savings(profile: dr.Profile) -> str:
     plan = dr.plan(profile)
     memory = plan.memory_report(CARD_CONTEXT)
     return (
-        f"At the default sparsity {profile.deploy.sparsity:g}, {plan.num_streaming} of {plan.num_heads} KV heads "
-        f"use `{profile.deploy.policy}` (sink {profile.deploy.sink}, recent {profile.deploy.recent}); "
+        f"At the default sparsity {profile.deploy.sparsity:g}, {plan.num_bounded} of {plan.num_heads} KV heads "
+        f"use `{profile.deploy.policy}` (sink {profile.deploy.window.sink}, recent {profile.deploy.window.recent}); "
         f"the KV cache at {CARD_CONTEXT} tokens is {memory['fraction_of_full']:.1%} of full attention."
     )
 
@@ -67,47 +67,53 @@ def render_card(profile: dr.Profile, target: HubRef) -> str:
     """The README.md of a pushed profile (Markdown with Hub YAML front matter)."""
     model = profile.model.name_or_path or "an unnamed model"
     table = "\n".join(f"| `{k}` | {v.replace('|', '/')} |" for k, v in _settings_rows(profile.source))
-    deploy = ", ".join(f"{k}={v}" for k, v in vars(profile.deploy).items())
-    return "\n".join([
-        _front_matter(profile),
-        f"# duocal profile for {model}",
-        "",
-        "Which attention heads of this model need their whole KV cache (retrieval heads) and which",
-        "only need sink + recent tokens (streaming heads): one score in [0, 1] per (layer, KV head),",
-        "as in DuoAttention (Xiao et al., ICLR 2025, arXiv 2410.10819).",
-        "",
-        f"- model: `{model}`" + (f" (revision `{profile.model.revision}`)" if profile.model.revision else ""),
-        f"- shape: {profile.shape.describe()}, fingerprint `{profile.shape.fingerprint}`",
-        f"- source: {profile.source.get('kind', 'unknown')}",
-        f"- deploy defaults: {deploy}",
-        "",
-        _savings(profile),
-        "",
-        f"![scores per layer and KV head]({HEATMAP_FILE})",
-        "",
-        "## How the scores were obtained",
-        "",
-        "| setting | value |",
-        "|---|---|",
-        table or "| (none recorded) | |",
-        "",
-        "## Use",
-        "",
-        "```bash",
-        f"duocal profiles pull {target}",
-        "```",
-        "",
-        "```python",
-        "import duocal_runtime as dr",
-        f'profile = dr.load_profile("{target}")',
-        "plan = dr.plan(profile, sparsity=0.5)",
-        "```",
-        "",
-    ])
+    deploy = ", ".join(f"{k}={v}" for k, v in profile.deploy.to_dict().items())
+    return "\n".join(
+        [
+            _front_matter(profile),
+            f"# duocal profile for {model}",
+            "",
+            "Which attention heads of this model need their whole KV cache (retrieval heads) and which",
+            "only need sink + recent tokens (streaming heads): one score in [0, 1] per (layer, KV head),",
+            "as in DuoAttention (Xiao et al., ICLR 2025, arXiv 2410.10819).",
+            "",
+            f"- model: `{model}`" + (f" (revision `{profile.model.revision}`)" if profile.model.revision else ""),
+            f"- shape: {profile.shape.describe()}, fingerprint `{profile.shape.fingerprint}`",
+            f"- source: {profile.source.get('kind', 'unknown')}",
+            f"- deploy defaults: {deploy}",
+            "",
+            _savings(profile),
+            "",
+            f"![scores per layer and KV head]({HEATMAP_FILE})",
+            "",
+            "## How the scores were obtained",
+            "",
+            "| setting | value |",
+            "|---|---|",
+            table or "| (none recorded) | |",
+            "",
+            "## Use",
+            "",
+            "```bash",
+            f"duocal profiles pull {target}",
+            "```",
+            "",
+            "```python",
+            "import duocal_runtime as dr",
+            f'profile = dr.load_profile("{target}")',
+            "plan = dr.plan(profile, sparsity=0.5)",
+            "```",
+            "",
+        ]
+    )
 
 
 def push_profile(
-    profile_ref: str | os.PathLike, target: str, *, token: str | None = None, private: bool | None = None,
+    profile_ref: str | os.PathLike,
+    target: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
     message: str | None = None,
 ) -> PushResult:
     """Upload `profile_ref` (path, name, URL or hf://) to `target` = hf://OWNER/REPO with card and heatmap."""
@@ -120,7 +126,10 @@ def push_profile(
         (folder / CARD_FILE).write_text(render_card(profile, ref), encoding="utf-8")
         files = tuple(sorted(p.name for p in folder.iterdir()))
         repo_url, commit_url = upload_folder(
-            folder, ref, token=token, private=private,
+            folder,
+            ref,
+            token=token,
+            private=private,
             message=message or f"duocal profile for {profile.model.name_or_path or 'a model'}",
         )
     return PushResult(repo_url, commit_url, files)

@@ -26,6 +26,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node[leaf] = yaml.safe_load(raw)
         except yaml.YAMLError as err:
             problem = str(err).splitlines()[0]
-            raise ValueError(f"override {item!r}: the value is not valid YAML ({problem}); quote strings, "
-                             "close brackets (e.g. data.context=[512,1024])") from None
+            raise ValueError(
+                f"override {item!r}: the value is not valid YAML ({problem}); quote strings, "
+                "close brackets (e.g. data.context=[512,1024])"
+            ) from None
     return data

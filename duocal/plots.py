@@ -33,8 +33,14 @@ def _default_title(scores: Scores) -> str:
 
 
 def scores_heatmap(
-    profile: Scores, path: str | os.PathLike, title: str | None = None, *,
-    vmin: float = 0.0, vmax: float = 1.0, cmap: str = "viridis", label: str = "score",
+    profile: Scores,
+    path: str | os.PathLike,
+    title: str | None = None,
+    *,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    cmap: str = "viridis",
+    label: str = "score",
 ) -> Path:
     """Write a layers x KV-heads heatmap of `profile`'s scores (or any [layers][heads] matrix) to PNG.
 

@@ -40,6 +40,10 @@ def compare_profiles(a: dr.Profile, b: dr.Profile, top: int | None = None) -> di
         raise ValueError(f"the profiles are for different shapes: {a.shape.describe()} and {b.shape.describe()}")
     fa, fb = a.flat_scores(), b.flat_scores()
     top = top or max(1, len(fa) // 4)
-    best = lambda f: set(dr.planning.streaming_order(f)[::-1][:top])  # noqa: E731
-    return {"heads": len(fa), "spearman": round(spearman(fa, fb), 4), "top": top,
-            "top_overlap": len(best(fa) & best(fb))}
+    best = lambda f: set(dr.planning.bounded_order(f)[::-1][:top])  # noqa: E731
+    return {
+        "heads": len(fa),
+        "spearman": round(spearman(fa, fb), 4),
+        "top": top,
+        "top_overlap": len(best(fa) & best(fb)),
+    }

@@ -26,8 +26,13 @@ def _streaming_policy(plan: dr.Plan) -> dict[str, Any] | None:
     return policy.to_dict() if policy is not None else None
 
 
-def profile_summary(profile: dr.Profile, sparsity: float | None = None, context: int = 32768,
-                    budget: str | None = None, policies: tuple[str, ...] | None = None) -> dict[str, Any]:
+def profile_summary(
+    profile: dr.Profile,
+    sparsity: float | None = None,
+    context: int = 32768,
+    budget: str | None = None,
+    policies: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
     """Everything `profiles show` prints; memory is for batch 1, bf16, at `context` tokens. With
     `budget` (and `policies`, default full + the profile's policy), the plan is the budget's mix."""
     if budget is not None:
@@ -67,8 +72,10 @@ def _gib(n: int) -> str:
 
 def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
-    console.print(f"[bold]{escape(str(s['model'] or 'unnamed model'))}[/] ({escape(str(s['architecture'] or '?'))}), "
-                  f"source: {escape(str(s['source']))}")
+    console.print(
+        f"[bold]{escape(str(s['model'] or 'unnamed model'))}[/] ({escape(str(s['architecture'] or '?'))}), "
+        f"source: {escape(str(s['source']))}"
+    )
     console.print(
         f"{s['num_layers']} layers x {s['num_kv_heads']} KV heads ({s['num_attention_heads']} query heads, "
         f"head_dim {s['head_dim']}), fingerprint {s['fingerprint']}"
@@ -79,7 +86,8 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
     hist.add_row(*map(str, s["score_histogram"]))
     console.print(hist)
     console.print(
-        f"sparsity {s['sparsity']:.3f} -> retrieval heads per layer: {' '.join(map(str, s['retrieval_heads_per_layer']))}"
+        f"sparsity {s['sparsity']:.3f} -> retrieval heads per layer: "
+        f"{' '.join(map(str, s['retrieval_heads_per_layer']))}"
     )
     console.print(f"non-retrieval policy: {s['policy']}")
     console.print("KV heads per policy: " + ", ".join(f"{name} {n}" for name, n in s["policy_counts"].items()))

@@ -8,28 +8,49 @@ Public API::
     plan = dr.plan(profile, sparsity=0.5)
     with dr.apply(model, plan) as runtime:
         out = model.generate(**inputs, max_new_tokens=256, cache=runtime.new_cache())
+
+Names load on first use (PEP 562), so `import duocal_runtime` costs nothing until a name is used:
+command-line tools that import it start fast, and torch and transformers load when needed.
 """
 
-from .apply import Runtime, apply
-from .cache import DuoCache
-from .fetching.download import ChecksumError, DownloadError
-from .errors import CacheFullError, PlanError, ProfileError
-from .hf_compat import SUPPORTED_MODEL_TYPES
-from .fetching.hub import HubError
-from .fetching.loading import load_profile
-from .model_shape import ModelShape, config_fingerprint, shape_of_config
-from .planning import Budget, Plan, plan, plan_from_streaming_set, uniform_plan
-from .policies import H2O, POLICIES, Full, HeadPolicy, SinkH2O, SinkWindow, make_policy, register_policy
-from .fetching.prebuilt_index import load_index
-from .profile import DeployDefaults, ModelInfo, Profile, profile_from_dict, save_profile
-from .fetching.pull import PulledProfile, pull
-from .upstream import export_upstream, import_upstream
+from __future__ import annotations
 
-__all__ = [
-    "CacheFullError", "DuoCache", "HeadPolicy", "Runtime", "register_policy", "SUPPORTED_MODEL_TYPES", "apply",
-    "Budget", "DeployDefaults", "Full", "H2O", "ModelInfo", "ModelShape", "POLICIES", "Plan", "PlanError",
-    "Profile", "ProfileError", "SinkH2O", "SinkWindow", "config_fingerprint", "export_upstream",
-    "import_upstream", "load_profile", "make_policy", "plan", "plan_from_streaming_set", "profile_from_dict",
-    "save_profile", "shape_of_config", "uniform_plan",
-    "ChecksumError", "DownloadError", "HubError", "PulledProfile", "load_index", "pull",
-]
+import importlib
+import importlib.util
+from typing import Any
+
+_EXPORTS = {  # public name -> the module that defines it
+    ".runtime_handle": ("Runtime", "apply"),
+    ".cache": ("DuoCache",),
+    ".errors": ("CacheFullError", "PlanError", "ProfileError"),
+    ".hf_compat": ("SUPPORTED_MODEL_TYPES",),
+    ".model_shape": ("ModelShape", "config_fingerprint", "shape_of_config"),
+    ".budget": ("Budget",),
+    ".planning": ("Plan", "plan", "plan_from_bounded_set", "plan_from_streaming_set", "uniform_plan"),
+    ".policies": ("H2O", "POLICIES", "Full", "HeadPolicy", "SinkH2O", "SinkWindow", "make_policy", "register_policy"),
+    ".deploy_defaults": ("DeployDefaults",),
+    ".profile": ("ModelInfo", "Profile", "profile_from_dict", "save_profile"),
+    ".upstream": ("export_upstream", "import_upstream"),
+    ".fetching.download": ("ChecksumError", "DownloadError"),
+    ".fetching.hub": ("HubError",),
+    ".fetching.loading": ("load_profile",),
+    ".fetching.prebuilt_index": ("load_index",),
+    ".fetching.pull": ("PulledProfile", "pull"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULE_OF:
+        value = getattr(importlib.import_module(_MODULE_OF[name], __name__), name)
+    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule, e.g. dr.planning
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -21,8 +21,9 @@ def require_number(name: str, value: Any, lo: float | None = None, hi: float | N
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ValueError(f"{name} must be in [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}], "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{name} must be in [{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}], got {value!r}"
+        )
     return float(value)
 
 
@@ -40,7 +41,9 @@ def require_reference(name: str, value: Any) -> None:
     if isinstance(value, os.PathLike):
         return
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a path, a prebuilt name, a URL or hf://OWNER/REPO, got "
-                        f"{type(value).__name__} {value!r:.80}")
+        raise TypeError(
+            f"{name} must be a path, a prebuilt name, a URL or hf://OWNER/REPO, got "
+            f"{type(value).__name__} {value!r:.80}"
+        )
     if not value.strip():
         raise ValueError(f"{name} is empty: give a profile file, a pattern folder, a prebuilt name or a URL")

@@ -32,8 +32,9 @@ def flex(q, k, v, block_mask: BlockMask, scaling: float, score_mod=None, return_
     """Compiled FlexAttention with GQA (q [B, G*R, T, D], k/v [B, G, S, D]) -> out, or (out, lse [B, G*R, T])."""
     aux = AuxRequest(lse=True) if return_lse else None
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-        result = _compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling,
-                                            enable_gqa=True, return_aux=aux)
+        result = _compiled_flex_attention()(
+            q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling, enable_gqa=True, return_aux=aux
+        )
     return (result[0], result[1].lse) if return_lse else result
 
 
@@ -84,5 +85,10 @@ def kv_block_lists(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def block_mask(partial: torch.Tensor, full: torch.Tensor, mask_mod, q_len: int, kv_len: int) -> BlockMask:
     """BlockMask from [B, H, nq, nk] block maps (H = 1 or the query heads)."""
-    return BlockMask.from_kv_blocks(*kv_block_lists(partial), *kv_block_lists(full), BLOCK_SIZE=BLOCK,
-                                    mask_mod=mask_mod, seq_lengths=(q_len, kv_len))
+    return BlockMask.from_kv_blocks(
+        *kv_block_lists(partial),
+        *kv_block_lists(full),
+        BLOCK_SIZE=BLOCK,
+        mask_mod=mask_mod,
+        seq_lengths=(q_len, kv_len),
+    )

@@ -30,7 +30,9 @@ class DuoCacheLayer(CacheLayerMixin):
     def __init__(self, plan: Plan, layer: int, owner=None, prefill_chunk_size: int | None = None):
         super().__init__()
         rep = plan.shape.num_attention_heads // plan.shape.num_key_value_heads
-        self.groups: list[HeadGroup] = [p.make_group(heads, rep, self.max_length) for p, heads in plan.layer_groups(layer)]
+        self.groups: list[HeadGroup] = [
+            p.make_group(heads, rep, self.max_length) for p, heads in plan.layer_groups(layer)
+        ]
         self.rep, self.owner, self.prefill_chunk_size = rep, owner, prefill_chunk_size
         self.num_kv = plan.shape.num_key_value_heads
         self.seen = 0
@@ -95,8 +97,10 @@ class DuoCacheLayer(CacheLayerMixin):
         """q [B, H, T, D], k/v [B, Hkv, T, D] of the new tokens -> attention output [B, H, T, D]."""
         t = q.shape[2]
         chunk = self.prefill_chunk_size or t
-        outs = [self._attend_pass(q[:, :, i : i + chunk], k[:, :, i : i + chunk], v[:, :, i : i + chunk],
-                                  pad_mask, scaling) for i in range(0, t, chunk)]
+        outs = [
+            self._attend_pass(q[:, :, i : i + chunk], k[:, :, i : i + chunk], v[:, :, i : i + chunk], pad_mask, scaling)
+            for i in range(0, t, chunk)
+        ]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def _attend_pass(self, q, k, v, pad_mask, scaling):
@@ -132,8 +136,7 @@ class StaticDuoCacheLayer(DuoCacheLayer):
 
     is_compileable = True
 
-    def __init__(self, plan: Plan, layer: int, owner=None, prefill_chunk_size: int | None = None,
-                 max_length: int = 0):
+    def __init__(self, plan: Plan, layer: int, owner=None, prefill_chunk_size: int | None = None, max_length: int = 0):
         self.max_length = max_length
         super().__init__(plan, layer, owner, prefill_chunk_size)
         self.seen = torch.zeros((), dtype=torch.long)
@@ -169,7 +172,9 @@ class StaticDuoCacheLayer(DuoCacheLayer):
     def _decode(self, q, k, v, pad_mask, scaling):
         if torch.compiler.is_compiling():
             check_compile_device(q.device)
-            torch._assert_async(self.seen < self.max_length, "static DuoCache is full: make it with a larger max_length")
+            torch._assert_async(
+                self.seen < self.max_length, "static DuoCache is full: make it with a larger max_length"
+            )
         else:
             check_room(int(self.seen) + 1, self.max_length)
         step = DecodeStep.make(self.seen, self.real, pad_mask, scaling)
@@ -205,8 +210,10 @@ class DuoCache(Cache):
         if max_length is None:
             layers = [DuoCacheLayer(plan, i, owner, prefill_chunk_size) for i in range(plan.shape.num_hidden_layers)]
         else:
-            layers = [StaticDuoCacheLayer(plan, i, owner, prefill_chunk_size, max_length)
-                      for i in range(plan.shape.num_hidden_layers)]
+            layers = [
+                StaticDuoCacheLayer(plan, i, owner, prefill_chunk_size, max_length)
+                for i in range(plan.shape.num_hidden_layers)
+            ]
         super().__init__(layers=layers)
         self.plan, self.max_length = plan, max_length
 

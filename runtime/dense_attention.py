@@ -47,7 +47,12 @@ def expand_mask_over_heads(mask: torch.Tensor, rep: int) -> torch.Tensor:
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scaling: float, want_probs: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    want_probs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Softmax attention. q [B,G,L,D], k/v [B,G,S,D], mask broadcastable to [B,G,L,S] (True = attend).
 
@@ -66,7 +71,9 @@ def attention(
 
 def sdpa(q, k, v, mask: torch.Tensor | None, scaling: float, causal: bool = False) -> torch.Tensor:
     """q [B, G*R, T, D] over k/v [B, G, S, D]; mask broadcastable to [B, 1, T, S] (True = attend)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=guard_empty_rows(mask), is_causal=causal, scale=scaling, enable_gqa=True)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=guard_empty_rows(mask), is_causal=causal, scale=scaling, enable_gqa=True
+    )
 
 
 def decode_sdpa(q, k, v, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:

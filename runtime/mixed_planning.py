@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import PlanError
-from .profile_measurements import kept_name
 from .policies import HeadPolicy
+from .profile_measurements import kept_name
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,12 @@ class MixChoice:
         return {p.name: sum(c == i for c in self.choice) for i, p in enumerate(self.policies)}
 
     def report(self) -> dict[str, Any]:
-        return {"policy_counts": self.counts(), "cost": self.cost, "predicted_loss": round(self.predicted_loss, 6),
-                "policies": [p.to_dict() for p in self.policies]}
+        return {
+            "policy_counts": self.counts(),
+            "cost": self.cost,
+            "predicted_loss": round(self.predicted_loss, 6),
+            "policies": [p.to_dict() for p in self.policies],
+        }
 
 
 def predicted_losses(profile, policies: Sequence[HeadPolicy]) -> tuple[tuple[float, ...], ...]:
@@ -92,6 +96,7 @@ def mixed_choice(profile, policies: Sequence[HeadPolicy], costs: Sequence[int], 
     try:
         choice = choose_mix(losses, costs, budget)
     except PlanError as err:
-        raise PlanError(f"{err} but the budget is {budget:g}; raise the budget, lower the context, or allow cheaper "
-                        "policies") from None
+        raise PlanError(
+            f"{err} but the budget is {budget:g}; raise the budget, lower the context, or allow cheaper policies"
+        ) from None
     return MixChoice(tuple(choice), tuple(policies), tuple(costs), losses)

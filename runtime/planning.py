@@ -3,7 +3,7 @@
 `plan(profile, sparsity=0.5)` follows upstream DuoAttention's rule (``sparsify_attention_heads``
 in duo_attn/utils.py: a global quantile over all heads; heads at or above it stay full) but is
 exact and deterministic: exactly ``round(sparsity * heads)`` heads become non-retrieval, taken
-in *streaming order*:
+in *bounded order* (the order heads stop being full):
 
     ascending score; among equal scores, the head with the larger flat index
     (layer * num_kv_heads + head) first.
@@ -17,46 +17,37 @@ heads — the result is identical to upstream's.
 
 from __future__ import annotations
 
-import math
-import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .arguments import require_count, require_instance, require_number
+from .budget import Budget, dtype_bytes
 from .errors import PlanError
 from .mixed_planning import mixed_choice
 from .model_shape import ModelShape
-from .policies import Full, HeadPolicy, policy_class, policy_from_dict
+from .policies import Full, HeadPolicy, policy_from_dict
 from .profile import Profile
 
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float8": 1, "fp8": 1}
 
-
-def dtype_bytes(dtype: Any) -> int:
-    """Bytes per element of a dtype given as a name ('bfloat16') or a torch.dtype."""
-    itemsize = getattr(dtype, "itemsize", None)
-    if isinstance(itemsize, int):
-        return itemsize
-    key = str(dtype).removeprefix("torch.")
-    if key not in DTYPE_BYTES:
-        raise PlanError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
-    return DTYPE_BYTES[key]
-
-
-def streaming_order(flat_scores: Sequence[float]) -> list[int]:
+def bounded_order(flat_scores: Sequence[float]) -> list[int]:
     """Flat head indices in the order they become non-retrieval (see module docstring)."""
     return sorted(range(len(flat_scores)), key=lambda i: (flat_scores[i], -i))
 
 
-def streaming_heads_for_sparsity(flat_scores: Sequence[float], sparsity: float) -> set[int]:
-    """Exactly round(sparsity * n) heads, lowest scores first (deterministic tie order)."""
+def bounded_head_count(num_heads: int, sparsity: float) -> int:
+    """KV heads made bounded at `sparsity`: round(sparsity * heads) (Python's round: halves to even)."""
     if not 0.0 <= sparsity <= 1.0:
         raise PlanError(f"sparsity must be in [0, 1], got {sparsity!r}")
-    count = round(sparsity * len(flat_scores))
-    return set(streaming_order(flat_scores)[:count])
+    return round(sparsity * num_heads)
 
 
-def streaming_heads_for_threshold(flat_scores: Sequence[float], threshold: float) -> set[int]:
+def bounded_heads_for_sparsity(flat_scores: Sequence[float], sparsity: float) -> set[int]:
+    """Exactly `bounded_head_count` heads, lowest scores first (deterministic tie order)."""
+    return set(bounded_order(flat_scores)[: bounded_head_count(len(flat_scores), sparsity)])
+
+
+def bounded_heads_for_threshold(flat_scores: Sequence[float], threshold: float) -> set[int]:
     """Heads with score below `threshold` (upstream: score >= threshold stays full)."""
     return {i for i, s in enumerate(flat_scores) if s < threshold}
 
@@ -84,13 +75,19 @@ class Plan:
         return self.shape.num_kv_heads_total
 
     @property
-    def num_streaming(self) -> int:
+    def num_bounded(self) -> int:
         return sum(p.bounded for row in self.policies for p in row)
+
+    @property
+    def num_streaming(self) -> int:
+        """Deprecated name of `num_bounded` (it counts every non-full head, not only sink windows)."""
+        warnings.warn("Plan.num_streaming is deprecated: use Plan.num_bounded", DeprecationWarning, stacklevel=2)
+        return self.num_bounded
 
     @property
     def sparsity(self) -> float:
         """Fraction of KV heads that are not `full` (achieved, not requested)."""
-        return self.num_streaming / self.num_heads
+        return self.num_bounded / self.num_heads
 
     @property
     def retrieval_heads_per_layer(self) -> list[int]:
@@ -143,69 +140,38 @@ class Plan:
         return cls(ModelShape(**model), table, name)
 
 
+def plan_from_streaming_set(*args, **kwargs) -> Plan:
+    """Deprecated name of `plan_from_bounded_set` (kept for one release)."""
+    warnings.warn("plan_from_streaming_set is deprecated: use plan_from_bounded_set", DeprecationWarning, stacklevel=2)
+    return plan_from_bounded_set(*args, **kwargs)
+
+
 def uniform_plan(shape: ModelShape, policy: HeadPolicy, model_name: str | None = None) -> Plan:
     """Every head gets the same policy (full attention, StreamingLLM-all, H2O-all)."""
     row = (policy,) * shape.num_key_value_heads
     return Plan(shape, (row,) * shape.num_hidden_layers, model_name)
 
 
-def plan_from_streaming_set(
-    shape: ModelShape, streaming: set[int], policy: HeadPolicy, model_name: str | None = None
+def plan_from_bounded_set(
+    shape: ModelShape, bounded: set[int], policy: HeadPolicy, model_name: str | None = None
 ) -> Plan:
-    """Heads in `streaming` (flat indices) get `policy`, the others stay full."""
+    """Heads in `bounded` (flat indices) get `policy`, the others stay full."""
     k = shape.num_key_value_heads
     table = [
-        [policy if layer * k + head in streaming else Full() for head in range(k)]
+        [policy if layer * k + head in bounded else Full() for head in range(k)]
         for layer in range(shape.num_hidden_layers)
     ]
     return Plan(shape, table, model_name)
 
 
-_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_TOKEN_UNITS = {"tok": 1, "tokens": 1, "token": 1, "ktok": 10**3, "k tokens": 10**3}
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A KV memory budget at one context length, in bytes or in (token, KV head) pairs."""
-
-    amount: float
-    unit: str  # "bytes" or "tokens"
-
-    @classmethod
-    def parse(cls, text: str | int | Budget) -> Budget:
-        """'12GiB', '500 MB', '3e9B' -> bytes; '2000000 tokens', '2e6tok' or a bare int -> tokens."""
-        if isinstance(text, Budget):
-            return text
-        if isinstance(text, int) and not isinstance(text, bool):
-            return cls(float(text), "tokens")
-        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z ]*)\s*", str(text))
-        unit = m.group(2).strip().lower() if m else ""
-        try:
-            number = float(m.group(1)) if m else float("nan")
-        except ValueError:
-            number = float("nan")
-        if not math.isfinite(number) or number <= 0 or (unit not in _BYTE_UNITS and unit not in _TOKEN_UNITS):
-            raise PlanError(
-                f"cannot read budget {text!r}: give bytes ('12GiB', '500MB') or tokens ('2000000 tokens')"
-            )
-        if unit in _BYTE_UNITS:
-            return cls(number * _BYTE_UNITS[unit], "bytes")
-        return cls(number * _TOKEN_UNITS[unit], "tokens")
-
-    def measure(self, plan: Plan, context: int, batch: int, dtype: Any) -> int:
-        return plan.kv_bytes(context, batch, dtype) if self.unit == "bytes" else plan.kv_tokens(context, batch)
-
-
-def _streaming_for_budget(profile: Profile, policy: HeadPolicy, budget: Budget, context, batch, dtype) -> set[int]:
+def _bounded_for_budget(profile: Profile, policy: HeadPolicy, budget: Budget, context, batch, dtype) -> set[int]:
     if context is None or context <= 0:
         raise PlanError("a budget needs the context length it applies to: pass context=N (tokens)")
-    order = streaming_order(profile.flat_scores())
+    order = bounded_order(profile.flat_scores())
     shape, name = profile.shape, profile.model.name_or_path
 
     def cost(k: int) -> int:
-        return budget.measure(plan_from_streaming_set(shape, set(order[:k]), policy, name), context, batch, dtype)
+        return budget.measure(plan_from_bounded_set(shape, set(order[:k]), policy, name), context, batch, dtype)
 
     if cost(len(order)) > budget.amount:
         raise PlanError(
@@ -254,27 +220,30 @@ def plan(
     if context is not None:
         require_count("context", context, 1)
     require_count("batch", batch, 1)
-    chosen = [name for name, v in (("sparsity", sparsity), ("threshold", threshold), ("budget", budget)) if v is not None]
+    chosen = [
+        name for name, v in (("sparsity", sparsity), ("threshold", threshold), ("budget", budget)) if v is not None
+    ]
     if len(chosen) > 1:
         raise PlanError(f"give one of sparsity, threshold or budget, not {' and '.join(chosen)}")
     d = profile.deploy
     if policies is not None:
         if budget is None or policy is not None:
-            raise PlanError("policies=... chooses a policy per head under a budget: pass budget= and context=, "
-                            "and not policy=")
-        sized = [policy_class(name).from_deploy(d, sink=sink, recent=recent, heavy=heavy) for name in policies]
+            raise PlanError(
+                "policies=... chooses a policy per head under a budget: pass budget= and context=, and not policy="
+            )
+        sized = [d.sized(name, sink=sink, recent=recent, heavy=heavy) for name in policies]
         return _mixed_plan(profile, sized, Budget.parse(budget), context, batch, dtype)
-    streaming_policy = policy_class(policy or d.policy).from_deploy(d, sink=sink, recent=recent, heavy=heavy)
-    if not streaming_policy.bounded:
+    bounded_policy = d.sized(policy or d.policy, sink=sink, recent=recent, heavy=heavy)
+    if not bounded_policy.bounded:
         raise PlanError("the policy for non-retrieval heads cannot be 'full'; use sparsity=0 for an all-full plan")
     flat = profile.flat_scores()
     if threshold is not None:
-        streaming = streaming_heads_for_threshold(flat, threshold)
+        bounded = bounded_heads_for_threshold(flat, threshold)
     elif budget is not None:
-        streaming = _streaming_for_budget(profile, streaming_policy, Budget.parse(budget), context, batch, dtype)
+        bounded = _bounded_for_budget(profile, bounded_policy, Budget.parse(budget), context, batch, dtype)
     else:
-        streaming = streaming_heads_for_sparsity(flat, d.sparsity if sparsity is None else sparsity)
-    return plan_from_streaming_set(profile.shape, streaming, streaming_policy, profile.model.name_or_path)
+        bounded = bounded_heads_for_sparsity(flat, d.sparsity if sparsity is None else sparsity)
+    return plan_from_bounded_set(profile.shape, bounded, bounded_policy, profile.model.name_or_path)
 
 
 def _mixed_plan(profile: Profile, policies: list[HeadPolicy], budget: Budget, context, batch, dtype) -> Plan:
@@ -286,7 +255,9 @@ def _mixed_plan(profile: Profile, policies: list[HeadPolicy], budget: Budget, co
     costs = [batch * p.tokens_kept(context) * per_token for p in policies]  # one KV head, in the budget's unit
     mix = mixed_choice(profile, policies, costs, budget.amount)
     k = profile.shape.num_key_value_heads
-    table = [[mix.policies[mix.choice[layer * k + head]] for head in range(k)]
-             for layer in range(profile.shape.num_hidden_layers)]
+    table = [
+        [mix.policies[mix.choice[layer * k + head]] for head in range(k)]
+        for layer in range(profile.shape.num_hidden_layers)
+    ]
     report = {**mix.report(), "unit": budget.unit, "budget": budget.amount, "context": context, "batch": batch}
     return Plan(profile.shape, table, profile.model.name_or_path, choice=report)

@@ -1,19 +1,22 @@
 """The duocal profile: one score per (layer, KV head), the model it belongs to, and defaults.
 
-File format (JSON, `"format": "duocal.profile"`, `"version": 1`, or 2 with measurements)::
+File format (JSON, `"format": "duocal.profile"`, `"version": 3`; versions 1 and 2 are read)::
 
     {
       "format": "duocal.profile",
-      "version": 1,
+      "version": 3,
       "model": {"name_or_path": ..., "revision": ..., "architecture": ...,
                 "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": K,
                 "head_dim": D, "fingerprint": "sha256:..."},
       "scores": [[s_00, ..., s_0K-1], ...],      # L rows of K floats in [0, 1]
       "source": {"kind": "calibration" | "profiler" | "upstream" | ..., ...},
-      "deploy": {"sparsity": ..., "policy": "sink_window", "sink": ..., "recent": ...,
-                 "heavy": ..., "h2o_recent": ...},
+      "deploy": {"sparsity": ..., "policy": "sink_window",
+                 "sizes": {"sink_window": {"sink": 64, "recent": 256}, "h2o": {"heavy": ..., "recent": ...}}},
       "measurements": {"kept:sink_window": {"scores": [[...]], "settings": {...}, "source": "profiler"}}
-    }                                           # version 2 only; see measurements.py
+    }                                           # optional; see profile_measurements.py
+
+Versions 1 and 2 kept deploy sizes as flat fields (`sink`, `recent`, `heavy`, `h2o_recent`) that
+several policies shared (`FLAT_DEPLOY_FIELDS`); they load with the same meaning.
 
 A higher score means "keep this head's whole cache" (a retrieval head). Scores of calibrated
 profiles are DuoAttention gate values (arXiv 2410.10819, section 3.2).
@@ -29,40 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import write_atomic
+from .deploy_defaults import DeployDefaults, deploy_from_dict
 from .errors import ProfileError
-from .profile_measurements import Measurement, checked_table, measurement_from_dict
 from .model_shape import SHAPE_FIELDS, ModelShape, shape_of_config
-from .policies import bounded_policy_names
+from .policies import HeadPolicy
+from .profile_measurements import Measurement, checked_table, measurement_from_dict
 
 FORMAT = "duocal.profile"
-VERSION = 1  # written when a profile has no measurements (files stay as they were)
-VERSION_MEASURED = 2  # adds "measurements": {name: {scores, settings, source}} (see measurements.py)
-READABLE_VERSIONS = (VERSION, VERSION_MEASURED)
-
-
-@dataclass(frozen=True)
-class DeployDefaults:
-    """How a profile is meant to be deployed unless the user says otherwise."""
-
-    sparsity: float = 0.5
-    policy: str = "sink_window"
-    sink: int = 64
-    recent: int = 256
-    heavy: int = 128
-    h2o_recent: int = 128
-
-    def __post_init__(self):
-        if isinstance(self.sparsity, bool) or not isinstance(self.sparsity, (int, float)) \
-                or not 0.0 <= self.sparsity <= 1.0:
-            raise ProfileError(f"deploy.sparsity must be a number in [0, 1], got {self.sparsity!r}")
-        if self.policy not in bounded_policy_names():
-            raise ProfileError(
-                f"deploy.policy must be one of {', '.join(bounded_policy_names())}, got {self.policy!r}"
-            )
-        for name in ("sink", "recent", "heavy", "h2o_recent"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ProfileError(f"deploy.{name} must be a positive integer, got {value!r}")
+VERSION = 3  # written: deploy sizes per policy ("sizes": {policy: {field: tokens}})
+# read too: 1 (flat deploy sizes shared between policies), 2 (1 + "measurements"; see profile_measurements.py)
+READABLE_VERSIONS = (1, 2, VERSION)
 
 
 @dataclass(frozen=True)
@@ -105,14 +84,15 @@ class Profile:
                 "(duocal profiles list, or duocal calibrate)"
             )
 
-    def with_deploy(self, **changes) -> Profile:
-        return replace(self, deploy=replace(self.deploy, **changes))
+    def with_deploy(self, *policies: HeadPolicy, **changes) -> Profile:
+        """This profile with deploy `changes` (sparsity, policy) and the sizes of `policies` recorded."""
+        return replace(self, deploy=replace(self.deploy, **changes).with_sizes(*policies))
 
     def to_dict(self) -> dict[str, Any]:
         m = self.model
         data = {
             "format": FORMAT,
-            "version": VERSION_MEASURED if self.measurements else VERSION,
+            "version": VERSION,
             "model": {
                 "name_or_path": m.name_or_path,
                 "revision": m.revision,
@@ -122,7 +102,7 @@ class Profile:
             },
             "scores": [list(row) for row in self.scores],
             "source": self.source,
-            "deploy": dict(vars(self.deploy)),
+            "deploy": self.deploy.to_dict(),
         }
         if self.measurements:
             data["measurements"] = {name: m.to_dict() for name, m in self.measurements.items()}
@@ -134,7 +114,9 @@ def _checked_scores(scores, shape: ModelShape) -> tuple[tuple[float, ...], ...]:
         raise ProfileError("scores must be a list of rows (one per layer) of numbers (one per KV head)")
     lengths = {len(r) for r in scores}
     if len(lengths) > 1:
-        raise ProfileError(f"scores is ragged: rows have lengths {sorted(lengths)}; every layer needs one score per KV head")
+        raise ProfileError(
+            f"scores is ragged: rows have lengths {sorted(lengths)}; every layer needs one score per KV head"
+        )
     got = (len(scores), lengths.pop() if lengths else 0)
     want = (shape.num_hidden_layers, shape.num_key_value_heads)
     if got != want:
@@ -168,8 +150,8 @@ def profile_from_dict(data: Any) -> Profile:
             f"unsupported profile version {data.get('version')!r}: this duocal reads versions "
             f"{', '.join(map(str, READABLE_VERSIONS))}; upgrade duocal or re-export the profile"
         )
-    if data.get("measurements") is not None and data["version"] == VERSION:
-        raise ProfileError("measurements need profile version 2; the file says version 1")
+    if data.get("measurements") is not None and data["version"] == 1:
+        raise ProfileError("measurements need profile version 2 or later; the file says version 1")
     for key in ("model", "scores", "deploy"):
         if key not in data:
             raise ProfileError(f"missing field {key!r}")
@@ -185,12 +167,7 @@ def profile_from_dict(data: Any) -> Profile:
             f"fingerprint mismatch: the file says {model['fingerprint']} but its model shape "
             f"({shape.describe()}) gives {shape.fingerprint}; the file was edited or corrupted"
         )
-    deploy = data["deploy"]
-    if not isinstance(deploy, dict):
-        raise ProfileError("field 'deploy' must be an object")
-    unknown = set(deploy) - set(DeployDefaults.__dataclass_fields__)
-    if unknown:
-        raise ProfileError(f"unknown deploy field(s) {sorted(unknown)}")
+    deploy = deploy_from_dict(data["deploy"], data["version"])
     for key in ("name_or_path", "revision", "architecture"):
         if model.get(key) is not None and not isinstance(model[key], str):
             raise ProfileError(f"model.{key} must be a string or null, got {model[key]!r:.60}")
@@ -202,7 +179,7 @@ def profile_from_dict(data: Any) -> Profile:
         raise ProfileError("field 'measurements' must be an object of named measurements")
     measurements = {str(name): measurement_from_dict(str(name), m, shape) for name, m in measured.items()}
     info = ModelInfo(shape, model.get("name_or_path"), model.get("revision"), model.get("architecture"))
-    return Profile(info, data["scores"], dict(source), DeployDefaults(**deploy), measurements)
+    return Profile(info, data["scores"], dict(source), deploy, measurements)
 
 
 def profile_to_json(profile: Profile) -> str:

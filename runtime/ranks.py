@@ -22,40 +22,10 @@ def causal_rank_mask(q_rank: torch.Tensor, k_rank: torch.Tensor) -> torch.Tensor
     return (kr >= 0) & (qr >= 0) & (kr <= qr)
 
 
-def sink_window_mask(q_rank: torch.Tensor, k_rank: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
-    """StreamingLLM: a query of rank r sees keys of rank < sink or in (r - recent, r]. [...,T,S]."""
-    qr, kr = q_rank[..., :, None], k_rank[..., None, :]
-    return causal_rank_mask(q_rank, k_rank) & ((kr < sink) | (kr > qr - recent))
-
-
-def sink_window_keep(k_rank: torch.Tensor, real_total: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
-    """Which slots a sink_window head keeps once `real_total` [B] real tokens were seen. [B,S] bool."""
-    return (k_rank >= 0) & ((k_rank < sink) | (k_rank >= real_total[:, None] - recent))
-
-
-def protected_slots(k_rank: torch.Tensor, real_total: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
-    """H2O never evicts the last `recent` real tokens, nor (for sink_h2o) the first `sink`."""
-    return (k_rank >= 0) & ((k_rank < sink) | (k_rank >= real_total[..., None] - recent))
-
-
-def h2o_priority(scores: torch.Tensor, k_rank: torch.Tensor, real_total: torch.Tensor, sink: int, recent: int) -> torch.Tensor:
-    """Eviction priority (higher is kept): +inf protected, accumulated score, -inf empty. [B,G,S]."""
-    inf = torch.full_like(scores, float("inf"))
-    keep_first = protected_slots(k_rank, real_total[:, None], sink, recent)
-    prio = torch.where(keep_first, inf, scores)
-    return torch.where(k_rank >= 0, prio, -inf)
-
-
-def h2o_keep_slots(priority: torch.Tensor, budget: int) -> torch.Tensor | None:
-    """H2O eviction: the slots of highest priority, in slot order; None when nothing goes.
-
-    [B,G,S] -> [B,G,S'] with S' = min(budget, most real tokens of any row and head): empty slots
-    (priority -inf) are dropped first, so padding is never kept.
-    """
-    count = min(budget, int((priority > float("-inf")).sum(-1).max().item()))
-    if count == priority.shape[-1]:
-        return None
-    return priority.topk(count, dim=-1).indices.sort(dim=-1).values
+def in_sink_or_recent(k_rank: torch.Tensor, last_rank: torch.Tensor | int, sink: int, recent: int) -> torch.Tensor:
+    """Keys among the first `sink` real tokens or the last `recent` up to rank `last_rank`
+    (elementwise, broadcasting): the geometry of sink windows and of H2O's protected tokens."""
+    return (k_rank >= 0) & ((k_rank < sink) | (k_rank > last_rank - recent))
 
 
 def compact_order(keep: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -75,6 +45,6 @@ def gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     if index.ndim == 2 and x.ndim == 4:
         index = index[:, None, :].expand(x.shape[0], x.shape[1], index.shape[1])
     dim = index.ndim - 1
-    extra = x.shape[index.ndim:]
+    extra = x.shape[index.ndim :]
     idx = index.reshape(*index.shape, *([1] * len(extra))).expand(*index.shape, *extra)
     return torch.gather(x, dim, idx)

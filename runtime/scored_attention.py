@@ -45,8 +45,9 @@ def _blocked(q, k, v, q_rank, k_rank, scaling, block: int):
     for i0 in range(0, t, block):
         end = s - t + min(t, i0 + block)
         mask = DA.expand_mask_over_heads(R.causal_rank_mask(q_rank[:, None, i0 : i0 + block], k_rank[..., :end]), r)
-        out, probs = DA.attention(DA.gqa_queries(q[:, :, i0 : i0 + block], g), k[:, :, :end], v[:, :, :end], mask,
-                                 scaling, want_probs=True)
+        out, probs = DA.attention(
+            DA.gqa_queries(q[:, :, i0 : i0 + block], g), k[:, :, :end], v[:, :, :end], mask, scaling, want_probs=True
+        )
         mass[..., :end] += probs.sum(2)
         outs.append(DA.gqa_outputs(out, q.shape[1]))
     return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0], mass

@@ -17,12 +17,12 @@ from typing import Any
 
 from .atomic import write_files_atomic
 from .errors import ProfileError
-from .model_shape import ModelShape, shape_of_config
 from .hf_compat import load_local_config
+from .model_shape import ModelShape, shape_of_config
+from .policies import SinkWindow
 from .profile import DeployDefaults, ModelInfo, Profile
+from .upstream_layout import CONFIG_NAME, TSV_NAME
 
-TSV_NAME = "full_attention_heads.tsv"
-CONFIG_NAME = "config.json"
 UPSTREAM_REPO = "mit-han-lab/duo-attention"
 UPSTREAM_COMMIT = "fe93c314ae87306ef6629dc16713250b4718ffe7"
 DEPLOY_SINK, DEPLOY_RECENT = 64, 256
@@ -30,15 +30,38 @@ DEPLOY_SINK, DEPLOY_RECENT = 64, 256
 _LLAMA3 = ModelShape(32, 32, 8, 128)
 # The six models upstream published patterns for: (Hub id, architecture, KV shape).
 KNOWN_MODELS: dict[str, tuple[str, str, ModelShape]] = {
-    "Llama-2-7B-32K-Instruct": ("togethercomputer/Llama-2-7B-32K-Instruct", "LlamaForCausalLM", ModelShape(32, 32, 32, 128)),
-    "Llama-3-8B-Instruct-Gradient-1048k": ("gradientai/Llama-3-8B-Instruct-Gradient-1048k", "LlamaForCausalLM", _LLAMA3),
-    "Llama-3-8B-Instruct-Gradient-4194k": ("gradientai/Llama-3-8B-Instruct-Gradient-4194k", "LlamaForCausalLM", _LLAMA3),
+    "Llama-2-7B-32K-Instruct": (
+        "togethercomputer/Llama-2-7B-32K-Instruct",
+        "LlamaForCausalLM",
+        ModelShape(32, 32, 32, 128),
+    ),
+    "Llama-3-8B-Instruct-Gradient-1048k": (
+        "gradientai/Llama-3-8B-Instruct-Gradient-1048k",
+        "LlamaForCausalLM",
+        _LLAMA3,
+    ),
+    "Llama-3-8B-Instruct-Gradient-4194k": (
+        "gradientai/Llama-3-8B-Instruct-Gradient-4194k",
+        "LlamaForCausalLM",
+        _LLAMA3,
+    ),
     "Meta-Llama-3.1-8B-Instruct": ("meta-llama/Meta-Llama-3.1-8B-Instruct", "LlamaForCausalLM", _LLAMA3),
     "Mistral-7B-Instruct-v0.2": ("mistralai/Mistral-7B-Instruct-v0.2", "MistralForCausalLM", _LLAMA3),
     "Mistral-7B-Instruct-v0.3": ("mistralai/Mistral-7B-Instruct-v0.3", "MistralForCausalLM", _LLAMA3),
 }
-_TRAINING_KEYS = ("lr", "reg_weight", "num_steps", "sink_size", "recent_size", "context_length_min",
-                  "context_length_max", "num_passkeys", "dataset_name", "dataset_format", "seed")
+_TRAINING_KEYS = (
+    "lr",
+    "reg_weight",
+    "num_steps",
+    "sink_size",
+    "recent_size",
+    "context_length_min",
+    "context_length_max",
+    "num_passkeys",
+    "dataset_name",
+    "dataset_format",
+    "seed",
+)
 
 
 def parse_upstream_tsv(text: str, where: str = TSV_NAME) -> list[list[float]]:
@@ -83,13 +106,17 @@ def import_upstream(
     tsv, cfg = pattern_dir / TSV_NAME, pattern_dir / CONFIG_NAME
     for path in (tsv, cfg):
         if not path.is_file():
-            raise ProfileError(f"{pattern_dir} is not an upstream DuoAttention pattern directory: {path.name} is missing")
+            raise ProfileError(
+                f"{pattern_dir} is not an upstream DuoAttention pattern directory: {path.name} is missing"
+            )
     try:
         config = json.loads(cfg.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
         raise ProfileError(f"{cfg} is not valid JSON ({err})") from None
     if not isinstance(config, dict):
-        raise ProfileError(f"{cfg} must hold a JSON object (upstream's training arguments), not a {type(config).__name__}")
+        raise ProfileError(
+            f"{cfg} must hold a JSON object (upstream's training arguments), not a {type(config).__name__}"
+        )
     tsv_bytes = tsv.read_bytes()
     raw = parse_upstream_tsv(tsv_bytes.decode(errors="replace"), str(tsv))
     info = _model_info(config, model_config)
@@ -103,7 +130,7 @@ def import_upstream(
         "clipped_to_unit_interval": sum(g < 0.0 or g > 1.0 for row in raw for g in row),
         "training": {k: config[k] for k in _TRAINING_KEYS if k in config},
     }
-    deploy = DeployDefaults(sparsity=0.5, policy="sink_window", sink=DEPLOY_SINK, recent=DEPLOY_RECENT)
+    deploy = DeployDefaults.of(SinkWindow(DEPLOY_SINK, DEPLOY_RECENT))
     return Profile(info, scores, source, deploy)
 
 
@@ -114,12 +141,13 @@ def export_upstream(profile: Profile, out_dir: str | os.PathLike) -> Path:
     training: dict[str, Any] = dict(profile.source.get("training") or {})
     config = {
         "model_name": profile.model.name_or_path,
-        "sink_size": training.get("sink_size", profile.deploy.sink),
-        "recent_size": training.get("recent_size", profile.deploy.recent),
-        "deploy_sink_size": profile.deploy.sink,
-        "deploy_recent_size": profile.deploy.recent,
+        "sink_size": training.get("sink_size", profile.deploy.window.sink),
+        "recent_size": training.get("recent_size", profile.deploy.window.recent),
+        "deploy_sink_size": profile.deploy.window.sink,
+        "deploy_recent_size": profile.deploy.window.recent,
         **{k: v for k, v in training.items() if k not in ("sink_size", "recent_size")},
         "exported_by": "duocal",
     }
-    return write_files_atomic(out_dir, {TSV_NAME: "\n".join(lines) + "\n",
-                                        CONFIG_NAME: json.dumps(config, indent=2) + "\n"})
+    return write_files_atomic(
+        out_dir, {TSV_NAME: "\n".join(lines) + "\n", CONFIG_NAME: json.dumps(config, indent=2) + "\n"}
+    )

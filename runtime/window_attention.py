@@ -13,24 +13,25 @@ import torch
 
 from . import block_sparse as BS
 from . import dense_attention as DA
-from . import ranks as R
 
 
-def sink_window_attention(q, k, v, q_rank, k_rank, sink: int, recent: int, scaling: float) -> torch.Tensor:
-    """q [B, G*R, T, D], k/v [B, G, S, D], q_rank [B, T], k_rank [B, S] -> [B, G*R, T, D].
+def sink_window_attention(q, k, v, q_rank, k_rank, window, scaling: float) -> torch.Tensor:
+    """q [B, G*R, T, D], k/v [B, G, S, D], q_rank [B, T], k_rank [B, S] -> [B, G*R, T, D], under
+    `window` (a `SinkWindow`: its `sees` is the rule, its sizes bound the visited blocks).
 
     Rows of padding queries (rank -1) output zeros or garbage: callers ignore them.
     """
     t, s = q.shape[2], k.shape[2]
     if DA.fits_dense(t * (q.shape[1] // k.shape[1]), s):
-        return DA.sdpa(q, k, v, R.sink_window_mask(q_rank, k_rank, sink, recent)[:, None], scaling)  # mask [B, 1, T, S]
+        return DA.sdpa(
+            q, k, v, window.sees(q_rank[:, None, :, None], k_rank[:, None, None, :]), scaling
+        )  # [B, 1, T, S]
     tp, sp = BS.padded_length(t), BS.padded_length(s)
     q_rank, k_rank = BS.pad_to(q_rank, tp, 1, -1), BS.pad_to(k_rank, sp, 1, -1)
-    partial, full = BS.visible_blocks(q_rank, k_rank, sink, recent)
+    partial, full = BS.visible_blocks(q_rank, k_rank, window.sink, window.recent)
 
     def visible(b, h, q_idx, kv_idx):
-        qr, kr = q_rank[b, q_idx], k_rank[b, kv_idx]
-        return (kr >= 0) & (qr >= 0) & (kr <= qr) & ((kr < sink) | (kr > qr - recent))
+        return window.sees(q_rank[b, q_idx], k_rank[b, kv_idx])
 
     mask = BS.block_mask(partial[:, None], full[:, None], visible, tp, sp)
     out = BS.flex(BS.pad_to(q, tp, 2), BS.pad_to(k, sp, 2), BS.pad_to(v, sp, 2), mask, scaling)

@@ -41,7 +41,9 @@ class FakeHub:
     def add_commit(self, repo: str, files: dict[str, bytes]) -> str:
         parent = self.branches.get(repo)
         merged = {**(self.commits[parent] if parent else {}), **files}
-        sha = hashlib.sha1(json.dumps(sorted((k, hashlib.sha1(v).hexdigest()) for k, v in merged.items())).encode()).hexdigest()
+        sha = hashlib.sha1(
+            json.dumps(sorted((k, hashlib.sha1(v).hexdigest()) for k, v in merged.items())).encode()
+        ).hexdigest()
         self.commits[sha], self.branches[repo] = merged, sha
         return sha
 
@@ -67,7 +69,9 @@ class FakeHub:
             return _json({"error": "Repository not found"}, 404, {"X-Error-Code": "RepoNotFound"})
         if op == "preupload":
             files = json.loads(body)["files"]
-            return _json({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]})
+            return _json(
+                {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
+            )
         added = {}
         for line in body.splitlines():
             item = json.loads(line)

@@ -26,8 +26,12 @@ class DenseReference:
 
     def __enter__(self):
         AttentionInterface.register(NAME, self.attention)
-        AttentionMaskInterface.register(NAME, lambda attention_mask=None, kv_offset=0, kv_length=0, **kw: (
-            None if attention_mask is None else attention_mask[:, kv_offset : kv_offset + kv_length].bool()))
+        AttentionMaskInterface.register(
+            NAME,
+            lambda attention_mask=None, kv_offset=0, kv_length=0, **kw: (
+                None if attention_mask is None else attention_mask[:, kv_offset : kv_offset + kv_length].bool()
+            ),
+        )
         return self
 
     def __exit__(self, *exc):
@@ -44,8 +48,13 @@ class DenseReference:
         ranks[~valid] = -1
         q_ranks = ranks[:, s - t :]
         layer = module.layer_idx
-        st = self.state.setdefault(layer, {"alive": [[set() for _ in range(hkv)] for _ in range(b)],
-                                           "score": [[{} for _ in range(hkv)] for _ in range(b)]})
+        st = self.state.setdefault(
+            layer,
+            {
+                "alive": [[set() for _ in range(hkv)] for _ in range(b)],
+                "score": [[{} for _ in range(hkv)] for _ in range(b)],
+            },
+        )
         out = torch.zeros(b, h, t, d)
         for row in range(b):
             real_total = int(valid[row].sum())

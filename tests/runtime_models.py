@@ -5,8 +5,14 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-              max_position_embeddings=512, initializer_range=0.2)
+COMMON = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    max_position_embeddings=512,
+    initializer_range=0.2,
+)
 
 FAMILIES = {
     "llama": lambda: LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **COMMON),

@@ -10,22 +10,25 @@ from helpers import random_profile
 from runtime_models import tiny_model
 
 
-@pytest.mark.parametrize("call,error,message", [
-    (lambda p: dr.plan("x.json"), TypeError, "profile must be a Profile"),
-    (lambda p: dr.plan(p, sparsity="half"), TypeError, "sparsity must be a number"),
-    (lambda p: dr.plan(p, sparsity=math.nan), ValueError, "sparsity must be a finite number"),
-    (lambda p: dr.plan(p, sparsity=1.5), ValueError, r"sparsity must be in \[0, 1\]"),
-    (lambda p: dr.plan(p, threshold="0.3"), TypeError, "threshold must be a number"),
-    (lambda p: dr.plan(p, threshold=math.nan), ValueError, "threshold must be a finite number"),
-    (lambda p: dr.plan(p, budget="1MiB", context="1024"), TypeError, "context must be an integer"),
-    (lambda p: dr.plan(p, budget="1MiB", context=math.nan), TypeError, "context must be an integer"),
-    (lambda p: dr.plan(p, budget="1e999GiB", context=1024), ValueError, "cannot read budget"),
-    (lambda p: dr.plan(p, batch=0), ValueError, "batch must be at least 1"),
-    (lambda p: dr.load_profile(None), TypeError, "ref must be a path"),
-    (lambda p: dr.load_profile(""), ValueError, "ref is empty"),
-    (lambda p: dr.pull(3), TypeError, "ref must be a path"),
-    (lambda p: dr.plan(p, sparsity=0.5).kv_bytes(math.inf), TypeError, "context must be an integer"),
-])
+@pytest.mark.parametrize(
+    "call,error,message",
+    [
+        (lambda p: dr.plan("x.json"), TypeError, "profile must be a Profile"),
+        (lambda p: dr.plan(p, sparsity="half"), TypeError, "sparsity must be a number"),
+        (lambda p: dr.plan(p, sparsity=math.nan), ValueError, "sparsity must be a finite number"),
+        (lambda p: dr.plan(p, sparsity=1.5), ValueError, r"sparsity must be in \[0, 1\]"),
+        (lambda p: dr.plan(p, threshold="0.3"), TypeError, "threshold must be a number"),
+        (lambda p: dr.plan(p, threshold=math.nan), ValueError, "threshold must be a finite number"),
+        (lambda p: dr.plan(p, budget="1MiB", context="1024"), TypeError, "context must be an integer"),
+        (lambda p: dr.plan(p, budget="1MiB", context=math.nan), TypeError, "context must be an integer"),
+        (lambda p: dr.plan(p, budget="1e999GiB", context=1024), ValueError, "cannot read budget"),
+        (lambda p: dr.plan(p, batch=0), ValueError, "batch must be at least 1"),
+        (lambda p: dr.load_profile(None), TypeError, "ref must be a path"),
+        (lambda p: dr.load_profile(""), ValueError, "ref is empty"),
+        (lambda p: dr.pull(3), TypeError, "ref must be a path"),
+        (lambda p: dr.plan(p, sparsity=0.5).kv_bytes(math.inf), TypeError, "context must be an integer"),
+    ],
+)
 def test_bad_arguments_name_themselves(call, error, message):
     with pytest.raises(error, match=message):
         call(random_profile())

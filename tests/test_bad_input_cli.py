@@ -56,28 +56,59 @@ def cases(tmp_path: Path) -> dict[str, list[str]]:
         "name not a string": ["profiles", "show", profile_with(tmp_path, model__name_or_path=7)],
         "empty profile ref": ["profiles", "show", ""],
         "profile is a folder": ["profiles", "show", str(tmp_path / "upstream2" / "..")],
-        "nan in upstream tsv": ["profiles", "import-upstream", str(tmp_path / "upstream"), "-o", str(tmp_path / "o.json")],
-        "upstream config list": ["profiles", "import-upstream", str(tmp_path / "upstream2"), "-o",
-                                 str(tmp_path / "o.json")],
+        "nan in upstream tsv": [
+            "profiles",
+            "import-upstream",
+            str(tmp_path / "upstream"),
+            "-o",
+            str(tmp_path / "o.json"),
+        ],
+        "upstream config list": [
+            "profiles",
+            "import-upstream",
+            str(tmp_path / "upstream2"),
+            "-o",
+            str(tmp_path / "o.json"),
+        ],
         "model config missing": ["profiles", "validate", good, "--model-config", "nope.json"],
         "pull fifo": ["profiles", "pull", f"file://{fifo}"],
         "pull folder": ["profiles", "pull", f"file://{tmp_path}"],
-        "import onto a file's child": ["profiles", "import-upstream", str(REPO / "tests/data/upstream-duo-attention/"
-                                       "Mistral-7B-Instruct-v0.2"), "-o", f"{good}/x.json"],
+        "import onto a file's child": [
+            "profiles",
+            "import-upstream",
+            str(REPO / "tests/data/upstream-duo-attention/Mistral-7B-Instruct-v0.2"),
+            "-o",
+            f"{good}/x.json",
+        ],
         "eval model missing": ["eval", "passkey", "--model", "nope-dir", "--no-plot"],
         "eval model path missing": ["eval", "passkey", "--model", "./nope-dir/model", "--no-plot"],
         "eval model gguf missing": ["eval", "ppl", "--model", "weights.gguf"],
         "eval bad plot": ["eval", "passkey", "--plot", str(tmp_path / "out.xyz")],
         "eval bad sparsity": ["eval", "passkey", "--sparsity", "half", "--no-plot"],
-        "eval unknown row": ["eval", "passkey", "--policies", "full,fast", "--no-plot"],
+        "eval unknown row": ["eval", "passkey", "--rows", "full,fast", "--no-plot"],
         "ppl bad context": ["eval", "ppl", "--context", "0"],
         "ppl text missing": ["eval", "ppl", "--text", str(tmp_path / "missing.txt")],
-        "recipe list": ["calibrate", write(tmp_path / "list.yaml", "- 1\n- 2\n"), "--output", str(tmp_path / "r1"),
-                        "--dry-run"],
-        "recipe scalar": ["calibrate", write(tmp_path / "scalar.yaml", "7\n"), "--output", str(tmp_path / "r2"),
-                          "--dry-run"],
-        "recipe broken yaml": ["calibrate", write(tmp_path / "broken.yaml", "train: [1\n"), "--output",
-                               str(tmp_path / "r3"), "--dry-run"],
+        "recipe list": [
+            "calibrate",
+            write(tmp_path / "list.yaml", "- 1\n- 2\n"),
+            "--output",
+            str(tmp_path / "r1"),
+            "--dry-run",
+        ],
+        "recipe scalar": [
+            "calibrate",
+            write(tmp_path / "scalar.yaml", "7\n"),
+            "--output",
+            str(tmp_path / "r2"),
+            "--dry-run",
+        ],
+        "recipe broken yaml": [
+            "calibrate",
+            write(tmp_path / "broken.yaml", "train: [1\n"),
+            "--output",
+            str(tmp_path / "r3"),
+            "--dry-run",
+        ],
         "lr string": ["calibrate", "train.lr=abc", "--output", str(tmp_path / "r4"), "--dry-run"],
         "lr inf": ["calibrate", "train.lr=.inf", "--output", str(tmp_path / "r5"), "--dry-run"],
         "lr nan": ["calibrate", "train.lr=nan", "--output", str(tmp_path / "r6"), "--dry-run"],
@@ -89,14 +120,18 @@ def cases(tmp_path: Path) -> dict[str, list[str]]:
         "betas abc": ["calibrate", "train.betas=abc", "--output", str(tmp_path / "r12"), "--dry-run"],
         "deploy sink negative": ["calibrate", "deploy.sink=-1", "--output", str(tmp_path / "r13"), "--dry-run"],
         "ranking tie abc": ["calibrate", "ranking.tie=abc", "--output", str(tmp_path / "r14"), "--dry-run"],
-        "ranking samples negative": ["calibrate", "ranking.samples=-1", "--output", str(tmp_path / "r15"),
-                                     "--dry-run"],
+        "ranking samples negative": ["calibrate", "ranking.samples=-1", "--output", str(tmp_path / "r15"), "--dry-run"],
         "output under a file": ["calibrate", "--output", f"{good}/run", "--dry-run"],
         "resume nothing": ["calibrate", "--output", str(tmp_path / "empty-run"), "--resume", "--dry-run"],
         "models unknown": ["models", "fetch", "llama-9000"],
         "pull without a host": ["profiles", "pull", "http://"],
-        "import onto a folder": ["profiles", "import-upstream", str(REPO / "tests/data/upstream-duo-attention/"
-                                 "Mistral-7B-Instruct-v0.2"), "-o", str(tmp_path / "upstream2")],
+        "import onto a folder": [
+            "profiles",
+            "import-upstream",
+            str(REPO / "tests/data/upstream-duo-attention/Mistral-7B-Instruct-v0.2"),
+            "-o",
+            str(tmp_path / "upstream2"),
+        ],
     }
 
 
@@ -114,8 +149,13 @@ def test_every_bad_input_is_one_error_line_and_changes_nothing(tmp_path, monkeyp
     for name, args in all_cases.items():
         result = runner.invoke(app, args)
         first = (result.stderr or result.output).strip().splitlines()[:1]
-        ok = (result.exit_code == 1 and first and first[0].startswith("error: ")
-              and "Traceback" not in result.output and not isinstance(result.exception, (KeyboardInterrupt,)))
+        ok = (
+            result.exit_code == 1
+            and first
+            and first[0].startswith("error: ")
+            and "Traceback" not in result.output
+            and not isinstance(result.exception, (KeyboardInterrupt,))
+        )
         if not ok:
             failures.append(f"{name}: exit {result.exit_code}, {result.output[-300:]!r}, {result.exception!r}")
     assert not failures, "\n".join(failures)
@@ -123,9 +163,14 @@ def test_every_bad_input_is_one_error_line_and_changes_nothing(tmp_path, monkeyp
     assert len(all_cases) >= 42
 
 
-@pytest.mark.parametrize("latest,message", [
-    ("[1, 2]", "expected"), ('{"tag": "step_000099", "step": 99}', "which is not in"), ('{"tag": "step_0', "not JSON"),
-])
+@pytest.mark.parametrize(
+    "latest,message",
+    [
+        ("[1, 2]", "expected"),
+        ('{"tag": "step_000099", "step": 99}', "which is not in"),
+        ('{"tag": "step_0', "not JSON"),
+    ],
+)
 def test_resume_with_a_damaged_latest_json_is_refused_before_any_work(tmp_path, latest, message):
     runner = CliRunner()
     out = tmp_path / "run"

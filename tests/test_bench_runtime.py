@@ -9,8 +9,24 @@ from duocal_runtime.bench.__main__ import add_ratios, parse_args, rows_in_proces
 @pytest.mark.slow
 def test_benchmark_rows_on_the_tiny_shape():
     rows = "dynamic,full,stream50,h2o50,static,stream50-compiled"
-    args = parse_args(["--shape", "tiny", "--contexts", "600", "--rows", rows, "--steps", "4", "--warmup", "2",
-                       "--prefill-runs", "1", "--peak-bandwidth", "1e10"])
+    args = parse_args(
+        [
+            "--shape",
+            "tiny",
+            "--contexts",
+            "600",
+            "--rows",
+            rows,
+            "--steps",
+            "4",
+            "--warmup",
+            "2",
+            "--prefill-runs",
+            "1",
+            "--peak-bandwidth",
+            "1e10",
+        ]
+    )
     results = rows_in_process(args)
     add_ratios(results, args.peak_bandwidth)
     by_row = {r["row"]: r for r in results}

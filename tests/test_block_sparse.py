@@ -9,12 +9,18 @@ from torch.nn.attention.flex_attention import flex_attention
 
 import duocal_runtime as dr
 from duocal_runtime import block_sparse as BS
-from duocal_runtime import ranks as R
 from duocal_runtime import dense_attention as DA
+from duocal_runtime import ranks as R
 from duocal_runtime import scored_attention, window_attention
 
 from reference_attention import NAME, DenseReference, runtime_kept_ranks
 from runtime_models import left_padded_batch, tiny_model
+
+
+def window_mask(q_rank, k_rank, sink, recent):
+    """The StreamingLLM rule written out independently of the policy: [B, T, S]."""
+    qr, kr = q_rank[..., :, None], k_rank[..., None, :]
+    return (kr >= 0) & (qr >= 0) & (kr <= qr) & ((kr < sink) | (kr > qr - recent))
 
 
 def ranks_with_padding(batch: int, t: int, pads: list[int], before: int = 0) -> torch.Tensor:
@@ -41,7 +47,7 @@ def test_block_maps_are_the_dense_mask_reduced_per_block(sink, recent):
     if recent is None:
         dense = R.causal_rank_mask(q_rank, k_rank)
     else:
-        dense = R.sink_window_mask(q_rank, k_rank, sink, recent)
+        dense = window_mask(q_rank, k_rank, sink, recent)
     blocks = dense.unflatten(1, (-1, BS.BLOCK)).unflatten(3, (-1, BS.BLOCK))  # [B, nq, 128, nk, 128]
     any_visible, all_visible = blocks.any(2).any(-1), blocks.all(2).all(-1)
     assert torch.equal(full, all_visible)
@@ -66,7 +72,9 @@ def test_padded_lengths_are_few_and_tight():
     assert len(set(lengths)) <= 16 + 8 * 7  # 16 shapes up to 2k tokens, then 8 per doubling
 
 
-@pytest.mark.parametrize("heads,kv,t,stored,pads", [(4, 2, 300, 0, [0, 37]), (8, 2, 520, 60, [130, 0]), (4, 4, 700, 0, [0])])
+@pytest.mark.parametrize(
+    "heads,kv,t,stored,pads", [(4, 2, 300, 0, [0, 37]), (8, 2, 520, 60, [130, 0]), (4, 4, 700, 0, [0])]
+)
 def test_flex_sink_window_equals_masked_attention(monkeypatch, heads, kv, t, stored, pads):
     monkeypatch.setattr(DA, "DENSE_MAX_ELEMENTS", 0)
     g = torch.Generator().manual_seed(0)
@@ -75,10 +83,11 @@ def test_flex_sink_window_equals_masked_attention(monkeypatch, heads, kv, t, sto
     k, v = torch.randn(b, kv, stored + t, 16, generator=g), torch.randn(b, kv, stored + t, 16, generator=g)
     q_rank = ranks_with_padding(b, t, pads, before=stored + 10)
     k_rank = torch.cat([stored_ranks(b, stored, stored + 10, seed=2), q_rank], 1)
-    out = window_attention.sink_window_attention(q, k, v, q_rank, k_rank, 7, 100, 0.25)
-    mask = R.sink_window_mask(q_rank, k_rank, 7, 100)[:, None]
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~mask.any(-1, keepdim=True), scale=0.25,
-                                          enable_gqa=True)
+    out = window_attention.sink_window_attention(q, k, v, q_rank, k_rank, dr.SinkWindow(7, 100), 0.25)
+    mask = window_mask(q_rank, k_rank, 7, 100)[:, None]
+    want = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask | ~mask.any(-1, keepdim=True), scale=0.25, enable_gqa=True
+    )
     real = (q_rank >= 0)[:, None, :, None].expand_as(out)
     torch.testing.assert_close(out[real], want[real], rtol=0, atol=2e-6)
 
@@ -113,10 +122,18 @@ def test_attention_mass_without_a_probability_matrix_equals_the_dense_sum(monkey
 def test_long_prompts_through_the_flex_path_match_the_dense_reference(monkeypatch):
     monkeypatch.setattr(DA, "DENSE_MAX_ELEMENTS", 0)
     model = tiny_model("llama")
-    plan = dr.Plan(dr.shape_of_config(model.config), [[dr.SinkWindow(4, 40), dr.H2O(20, 24)], [dr.Full(), dr.SinkWindow(8, 100)]])
+    plan = dr.Plan(
+        dr.shape_of_config(model.config), [[dr.SinkWindow(4, 40), dr.H2O(20, 24)], [dr.Full(), dr.SinkWindow(8, 100)]]
+    )
     ids, mask = left_padded_batch([300, 170])
-    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, output_logits=True,
-                  return_dict_in_generate=True)
+    kwargs = dict(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=8,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     with DenseReference(plan) as reference:
         model.set_attn_implementation(NAME)
         want = model.generate(**kwargs)

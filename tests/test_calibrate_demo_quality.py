@@ -33,19 +33,26 @@ def test_shipped_profile_fits_the_demo_model_and_ranks_its_retrieval_heads_first
     training = json.loads((DEMO_MODEL_DIR / "training.json").read_text())
     kv = profile.shape.num_key_value_heads
     retrieval = {layer * kv + head for layer, head in training["retrieval_heads"]}
-    top = dr.planning.streaming_order(profile.flat_scores())[::-1][: len(retrieval)]
+    top = dr.planning.bounded_order(profile.flat_scores())[::-1][: len(retrieval)]
     assert set(top) == retrieval
 
 
 @pytest.mark.slow
 def test_shipped_profile_quality_on_held_out_passkeys():
-    from duocal.eval import PasskeyEvalConfig, evaluate_passkey, load_model, load_tokenizer
+    from duocal.eval import PasskeyEvalConfig, evaluate_passkey
+    from duocal.models import load_model, load_tokenizer
 
     profile = shipped()
-    config = PasskeyEvalConfig(policies=("full", "duo", "random"), sparsities=(0.5, 14 / 16), contexts=(1024,),
-                               samples=100, random_seeds=3, format="demo")
+    config = PasskeyEvalConfig(
+        rows=("full", "duo", "random"),
+        sparsities=(0.5, 14 / 16),
+        contexts=(1024,),
+        samples=100,
+        random_seeds=3,
+        format="demo",
+    )
     rows = evaluate_passkey(load_model(DEMO_MODEL_DIR), load_tokenizer(DEMO_MODEL_DIR), config, profile=profile)
-    em = {(r.policy, round(r.sparsity, 3)): r.exact_match for r in rows}
+    em = {(r.row, round(r.sparsity, 3)): r.exact_match for r in rows}
     full = em[("full", 0.0)]
     assert full >= 0.9
     assert em[("duo", 0.5)] >= full - 0.02
@@ -59,7 +66,8 @@ def test_measured_ranking_resolves_saturated_gates():
     rule keeps the tied heads of lowest index full at 14/16 streaming heads; the measured ranking
     keeps the two that retrieve."""
     from duocal.calibrate.ranking import rerank_profile
-    from duocal.eval import PasskeyEvalConfig, evaluate_passkey, load_model, load_tokenizer
+    from duocal.eval import PasskeyEvalConfig, evaluate_passkey
+    from duocal.models import load_model, load_tokenizer
 
     profile = shipped()
     scores = [list(row) for row in profile.scores]
@@ -68,11 +76,13 @@ def test_measured_ranking_resolves_saturated_gates():
     tied = dr.Profile(profile.model, scores, {"kind": "test"}, profile.deploy)
     measured = rerank_profile(tied)
     assert measured.source["reranked"]["tied_at_top"] == 5
-    window = dr.SinkWindow(sink=profile.deploy.sink, recent=profile.deploy.recent)
-    plans = {name: dr.plan(p, sparsity=14 / 16, policy="sink_window", sink=window.sink, recent=window.recent)
-             for name, p in (("upstream-ties", tied), ("measured", measured))}
-    config = PasskeyEvalConfig(policies=("full",), contexts=(1024,), samples=100, format="demo")
+    window = profile.deploy.window
+    plans = {
+        name: dr.plan(p, sparsity=14 / 16, policy="sink_window", sink=window.sink, recent=window.recent)
+        for name, p in (("upstream-ties", tied), ("measured", measured))
+    }
+    config = PasskeyEvalConfig(rows=("full",), contexts=(1024,), samples=100, format="demo")
     rows = evaluate_passkey(load_model(DEMO_MODEL_DIR), load_tokenizer(DEMO_MODEL_DIR), config, plans=plans)
-    em = {r.policy: r.exact_match for r in rows}
+    em = {r.row: r.exact_match for r in rows}
     assert em["measured"] >= 0.85
     assert em["measured"] >= em["upstream-ties"] + 0.2

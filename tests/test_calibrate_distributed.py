@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from test_calibrate_run import QUICK, save_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -22,12 +21,28 @@ def tiny_dir(tmp_path_factory):
 def calibrate(out, *args, nproc=1, launcher="torchrun"):
     code = "from duocal.cli.app import app; app()"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", code, "calibrate", *args, "--output", str(out), "--nproc", str(nproc),
-                           "--launcher", launcher],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "calibrate",
+            *args,
+            "--output",
+            str(out),
+            "--nproc",
+            str(nproc),
+            "--launcher",
+            launcher,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     profile = json.loads((out / "profile.json").read_text())
-    losses = [json.loads(l)["distill_loss"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [json.loads(line)["distill_loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     return profile, losses
 
 
@@ -37,8 +52,15 @@ def close(a, b, tol=1e-5):
 
 
 def test_zero3_on_two_processes_gives_the_gates_of_one(tiny_dir, tmp_path):
-    common = [f"model.name_or_path={tiny_dir}", *QUICK, "train.steps=4", "train.batch_size=2", "checkpoint.every=0",
-              "ranking.method=measured", "ranking.samples=2"]
+    common = [
+        f"model.name_or_path={tiny_dir}",
+        *QUICK,
+        "train.steps=4",
+        "train.batch_size=2",
+        "checkpoint.every=0",
+        "ranking.method=measured",
+        "ranking.samples=2",
+    ]
     one, losses_one = calibrate(tmp_path / "one", *common)
     two, losses_two = calibrate(tmp_path / "two", *common, "deepspeed.zero_stage=3", nproc=2)
     assert close(one["source"]["gates"], two["source"]["gates"]), (one["source"]["gates"], two["source"]["gates"])
@@ -50,12 +72,20 @@ def test_zero3_on_two_processes_gives_the_gates_of_one(tiny_dir, tmp_path):
 
 
 def test_ulysses_on_two_processes_gives_the_gates_of_one(tiny_dir, tmp_path):
-    common = [f"model.name_or_path={tiny_dir}", *QUICK, "train.steps=3", "checkpoint.every=0",
-              "data.context=[150,190]",  # longer than sink + recent: the blocked path runs
-              "ranking.method=measured", "ranking.samples=2", "ranking.max_candidates=4"]
+    common = [
+        f"model.name_or_path={tiny_dir}",
+        *QUICK,
+        "train.steps=3",
+        "checkpoint.every=0",
+        "data.context=[150,190]",  # longer than sink + recent: the blocked path runs
+        "ranking.method=measured",
+        "ranking.samples=2",
+        "ranking.max_candidates=4",
+    ]
     one, losses_one = calibrate(tmp_path / "one", *common)
-    two, losses_two = calibrate(tmp_path / "two", *common, "deepspeed.sequence_parallel=2", nproc=2,
-                                launcher="deepspeed")  # the DeepSpeed launcher (torchrun: the ZeRO-3 test)
+    two, losses_two = calibrate(
+        tmp_path / "two", *common, "deepspeed.sequence_parallel=2", nproc=2, launcher="deepspeed"
+    )  # the DeepSpeed launcher (torchrun: the ZeRO-3 test)
     assert close(one["source"]["gates"], two["source"]["gates"]), (one["source"]["gates"], two["source"]["gates"])
     assert losses_one == pytest.approx(losses_two, rel=1e-4, abs=1e-9)
     assert one["source"]["ranking"]["order"] == two["source"]["ranking"]["order"]

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from duocal.calibrate import window_blocks
 from duocal.calibrate.gated_attention import ATTENTION_NAME, Gating, install, mix, uninstall
-from duocal.calibrate.window_blocks import dense_window_attention, blocked_window_attention
+from duocal.calibrate.window_blocks import blocked_window_attention, dense_window_attention
 from duocal_runtime import hf_compat
 
 CASES = [  # T, sink, recent, block, query heads, KV heads
@@ -53,7 +53,7 @@ def test_blocked_streaming_never_builds_a_full_mask(monkeypatch):
         seen.clear()
         q, k = torch.randn(1, 2 * r, t, 8), torch.randn(1, 2, t, 8)
         blocked_window_attention(q, k, k, sink, recent, 0.3, block)
-        (rows, keys, mask_elems), = seen
+        ((rows, keys, mask_elems),) = seen
         assert keys <= sink + recent + 2 * block
         assert rows == r * block
         assert mask_elems <= (t // block + 1) * rows * keys  # linear in T, not T^2
@@ -68,8 +68,15 @@ def test_mix_follows_gqa_grouping():
 def tiny_model(family: str):
     import transformers as tf
 
-    common = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512)
+    common = dict(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     config = {
         "llama": lambda: tf.LlamaConfig(**common),
         "mistral": lambda: tf.MistralConfig(**common, sliding_window=None),
@@ -83,6 +90,7 @@ def tiny_model(family: str):
 def _dense_streaming(sink, recent):
     def fn(module, q, k, v, attention_mask, scaling=None, dropout=0.0, **kw):
         return dense_window_attention(q, k, v, sink, recent, scaling).transpose(1, 2), None
+
     return fn
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_calibrate_run import QUICK, run_cli, tiny_dir  # noqa: F401  (fixture)
 
 import duocal_runtime as dr
 from duocal.calibrate.ranking import assign_scores, candidates, tie_groups
-from test_calibrate_run import QUICK, run_cli, tiny_dir  # noqa: F401  (fixture)
 
 
 def test_tie_groups_and_candidates():
@@ -23,15 +23,23 @@ def test_assign_scores_reorders_candidates_only():
     scores = assign_scores(gates, order=[3, 0, 2])
     assert scores[1] == 0.2 and scores[4] == 0.5  # non-candidates keep their gate
     assert scores[3] > scores[0] > scores[2] >= 1.0 - 3e-4
-    plan = dr.planning.streaming_order(scores)
+    plan = dr.planning.bounded_order(scores)
     assert plan[-1] == 3 and plan[-2] == 0  # the runtime keeps 3 full first, then 0
 
 
 def test_measured_ranking_orders_heads_by_measured_loss(tiny_dir, tmp_path):  # noqa: F811
     out = tmp_path / "run"
     overrides = [o for o in QUICK if not o.startswith("ranking.")]
-    result = run_cli(f"model.name_or_path={tiny_dir}", *overrides, "train.steps=2", "ranking.method=measured",
-                     "ranking.samples=2", "checkpoint.every=0", "--output", str(out))
+    result = run_cli(
+        f"model.name_or_path={tiny_dir}",
+        *overrides,
+        "train.steps=2",
+        "ranking.method=measured",
+        "ranking.samples=2",
+        "checkpoint.every=0",
+        "--output",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     profile = json.loads((out / "profile.json").read_text())
     info, gates = profile["source"]["ranking"], profile["source"]["gates"]
@@ -41,5 +49,5 @@ def test_measured_ranking_orders_heads_by_measured_loss(tiny_dir, tmp_path):  # 
     losses = info["loss_when_kept_full"]
     assert losses[-1] == pytest.approx(0.0, abs=1e-9)  # every head full: the student is the teacher
     flat = [s for row in profile["scores"] for s in row]
-    assert dr.planning.streaming_order(flat)[::-1] == order  # the profile's ranking is the measured one
+    assert dr.planning.bounded_order(flat)[::-1] == order  # the profile's ranking is the measured one
     assert sorted(flat) == pytest.approx(sorted(g for row in gates for g in row), abs=1e-3)

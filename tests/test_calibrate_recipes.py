@@ -12,8 +12,13 @@ from duocal.calibrate.recipe import RECIPES_DIR, load_recipe, recipe_from_dict
 from duocal.data import FORMATS
 
 RECIPES = sorted(RECIPES_DIR.glob("calibrate_*.yaml"))
-FAMILY_RECIPES = {"calibrate_llama3_8b", "calibrate_llama31_8b", "calibrate_mistral_7b_v03", "calibrate_qwen25_7b",
-                  "calibrate_qwen3_8b"}
+FAMILY_RECIPES = {
+    "calibrate_llama3_8b",
+    "calibrate_llama31_8b",
+    "calibrate_mistral_7b_v03",
+    "calibrate_qwen25_7b",
+    "calibrate_qwen3_8b",
+}
 
 
 def test_every_family_has_a_recipe():
@@ -33,7 +38,15 @@ def test_recipe_loads_and_validates(path: Path):
         assert "optimizer" not in config and "bf16" not in config
     if path.stem in FAMILY_RECIPES:  # upstream's settings
         t, a, d = recipe.train, recipe.attention, recipe.data
-        assert (t.steps, t.lr, t.reg, t.init, t.warmup, t.decay, t.min_lr_ratio) == (2000, 0.02, 0.05, 1.0, 0.2, 0.2, 0.1)
+        assert (t.steps, t.lr, t.reg, t.init, t.warmup, t.decay, t.min_lr_ratio) == (
+            2000,
+            0.02,
+            0.05,
+            1.0,
+            0.2,
+            0.2,
+            0.1,
+        )
         assert (a.sink, a.recent, tuple(d.context), d.num_passkeys) == (128, 256, (1000, 32000), 10)
         assert recipe.deepspeed.zero_stage == 3 and recipe.deepspeed.sequence_parallel > 1
 

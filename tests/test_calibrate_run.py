@@ -17,11 +17,17 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.calibrate.batches import StepData, make_generator
 from duocal.calibrate.recipe import load_recipe, load_resolved
-from duocal.calibrate.schedule import lr_factor
+from duocal.calibrate.run import lr_factor
 from duocal.cli.app import app
 
-QUICK = ["data.context=[64,128]", "data.num_passkeys=[1,2]", "attention.sink=4", "attention.recent=16",
-         "attention.block=16", "ranking.method=gates"]
+QUICK = [
+    "data.context=[64,128]",
+    "data.num_passkeys=[1,2]",
+    "attention.sink=4",
+    "attention.recent=16",
+    "attention.block=16",
+    "ranking.method=gates",
+]
 
 
 def save_tiny_model(path: Path, model_type: str = "llama") -> Path:
@@ -31,10 +37,23 @@ def save_tiny_model(path: Path, model_type: str = "llama") -> Path:
     from duocal.demo.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
-    common = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512, bos_token_id=tok.bos_token_id,
-                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    config = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128) if model_type == "gpt2" else tf.LlamaConfig(**common)
+    common = dict(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    config = (
+        tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128)
+        if model_type == "gpt2"
+        else tf.LlamaConfig(**common)
+    )
     torch.manual_seed(0)
     tf.AutoModelForCausalLM.from_config(config).save_pretrained(path)
     tok.save_pretrained(path)
@@ -64,8 +83,10 @@ def test_step_data_shares_and_scales(tiny_dir):
     gen = make_generator(recipe.data, AutoTokenizer.from_pretrained(tiny_dir))
     one = StepData(gen, 0, batch_size=4, micro_batch_size=2, world_size=1)
     two = [StepData(gen, 0, batch_size=4, micro_batch_size=1, world_size=2).micro_batches(3, r) for r in (0, 1)]
-    sp = [StepData(gen, 0, batch_size=4, micro_batch_size=4, world_size=2, sequence_parallel=True).micro_batches(3, r)
-          for r in (0, 1)]
+    sp = [
+        StepData(gen, 0, batch_size=4, micro_batch_size=4, world_size=2, sequence_parallel=True).micro_batches(3, r)
+        for r in (0, 1)
+    ]
     samples = one.samples(3)
     assert samples[0].input_ids == gen[12].input_ids  # step 3, batch 4: samples 12..15
     answers = sum(len(s.predict_positions) for s in samples)
@@ -80,8 +101,15 @@ def test_step_data_shares_and_scales(tiny_dir):
 
 def test_calibrate_writes_profile_heatmap_metrics_config(tiny_dir, tmp_path):
     out = tmp_path / "run"
-    result = run_cli(f"model.name_or_path={tiny_dir}", *QUICK, "train.steps=3", "train.batch_size=2",
-                     "checkpoint.every=2", "--output", str(out))
+    result = run_cli(
+        f"model.name_or_path={tiny_dir}",
+        *QUICK,
+        "train.steps=3",
+        "train.batch_size=2",
+        "checkpoint.every=2",
+        "--output",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     assert f"profile written to {out / 'profile.json'}" in result.output
     profile = dr.load_profile(str(out / "profile.json"))
@@ -90,9 +118,9 @@ def test_calibrate_writes_profile_heatmap_metrics_config(tiny_dir, tmp_path):
     assert profile.source["kind"] == "calibration" and profile.source["final"]["step"] == 3
     assert profile.source["recipe"]["train"]["steps"] == 3
     assert profile.source["recipe"]["deepspeed"]["config"] == "recipes/deepspeed/cpu.json"  # no absolute paths
-    assert (profile.deploy.sink, profile.deploy.recent) == (16, 64)  # the recipe's deploy sizes
-    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines] == [1, 2, 3]
+    assert profile.deploy.window == dr.SinkWindow(16, 64)  # the recipe's deploy sizes
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
     assert set(lines[0]) == {"step", "distill_loss", "reg_loss", "lr", "tokens", "seconds"}
     assert lines[0]["reg_loss"] == pytest.approx(1.0)  # gates start at 1
     assert (out / "gates.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -106,8 +134,13 @@ def test_calibrate_writes_profile_heatmap_metrics_config(tiny_dir, tmp_path):
 def _cli_process(*args: str) -> subprocess.Popen:
     code = "from duocal.cli.app import app; app()"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", code, "calibrate", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "calibrate", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.mark.slow
@@ -133,17 +166,20 @@ def test_resume_after_kill_reaches_the_same_gates(tiny_dir, tmp_path):
     a = json.loads((killed / "profile.json").read_text())["source"]["gates"]
     b = json.loads((tmp_path / "whole" / "profile.json").read_text())["source"]["gates"]
     assert a == b
-    steps = [json.loads(l)["step"] for l in (killed / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 25))  # the steps redone after the checkpoint are logged once
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["train.stepz=3"], "unknown recipe key train.stepz"),
-    (["data.context=[64,100000]"], "max_position_embeddings"),
-    (["data.context=[20,30]", "data.num_passkeys=6"], "raise context_length or lower num_passkeys"),
-    (["deepspeed.zero_stage=4"], "deepspeed.zero_stage: Input should be 0, 1, 2 or 3"),
-    (["train.batch_size=3", "train.micro_batch_size=2"], "multiple of train.micro_batch_size"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["train.stepz=3"], "unknown recipe key train.stepz"),
+        (["data.context=[64,100000]"], "max_position_embeddings"),
+        (["data.context=[20,30]", "data.num_passkeys=6"], "raise context_length or lower num_passkeys"),
+        (["deepspeed.zero_stage=4"], "deepspeed.zero_stage: Input should be 0, 1, 2 or 3"),
+        (["train.batch_size=3", "train.micro_batch_size=2"], "multiple of train.micro_batch_size"),
+    ],
+)
 def test_bad_input_fails_before_any_work(tiny_dir, tmp_path, overrides, message):
     out = tmp_path / "run"
     result = run_cli(f"model.name_or_path={tiny_dir}", *QUICK, *overrides, "--output", str(out))

@@ -1,13 +1,13 @@
 import json
 
 import numpy as np
+from test_upstream import write_pattern
 from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli import app
 
 from helpers import random_profile
-from test_upstream import write_pattern
 
 runner = CliRunner()
 
@@ -45,8 +45,17 @@ def test_validate_exit_codes(tmp_path):
 def test_validate_against_model_config(tmp_path):
     path = dr.save_profile(random_profile(layers=4, kv_heads=2, heads=4, head_dim=8), tmp_path / "p.json")
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 3, "hidden_size": 32,
-                               "num_attention_heads": 4, "num_key_value_heads": 2}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 3,
+                "hidden_size": 32,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+            }
+        )
+    )
     result = runner.invoke(app, ["profiles", "validate", str(path), "--model-config", str(cfg)])
     assert result.exit_code == 1 and "3 layers x 2 KV heads" in result.stderr
 

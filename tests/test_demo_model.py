@@ -8,10 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import REPO
 from duocal.demo import DEMO_MODEL_DIR, DEMO_PASSKEY_FORMAT, demo_passkeys
-from duocal.demo.train import demo_generator, greedy_exact_match, load_training_recipe, save, train
+from duocal.demo.train import demo_generator, greedy_exact_match, load_training_recipe, save_demo_model, train
 from duocal.eval.retrieval_heads import needle_attention
+
+from conftest import REPO
 
 RECIPE = REPO / "recipes" / "demo_model.yaml"
 
@@ -68,7 +69,7 @@ def test_training_record_meets_the_targets(record):
     layers, kv_heads = len(record["needle_attention"]), len(record["needle_attention"][0])
     assert (layers, kv_heads) == (4, 4)
     assert 1 <= len(record["retrieval_heads"]) < layers * kv_heads
-    assert all(0 <= l < layers and 0 <= h < kv_heads for l, h in record["retrieval_heads"])
+    assert all(0 <= layer < layers and 0 <= h < kv_heads for layer, h in record["retrieval_heads"])
     # Measured through duocal's runtime: the other heads streaming (sink + recent) costs little,
     # streaming the retrieval heads instead loses retrieval.
     ablation = record["ablation"]
@@ -84,17 +85,27 @@ def test_recorded_retrieval_heads_hold_the_needle_attention(demo, record):
     mass = needle_attention(model, samples)  # [layer, kv_head]
     strongest = divmod(int(mass.argmax()), mass.shape[1])
     assert list(strongest) == record["retrieval_heads"][0]
-    others = [mass[l, h].item() for l in range(4) for h in range(4) if [l, h] not in record["retrieval_heads"]]
+    others = [mass[i, h].item() for i in range(4) for h in range(4) if [i, h] not in record["retrieval_heads"]]
     assert max(others) < 0.5 * mass.max().item()
 
 
 TINY = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1", "model.num_attention_heads=2",
-    "model.num_key_value_heads=1", "model.head_dim=16", "tokens_per_step=256", "eval.every=2", "eval.samples=4",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=1",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "model.head_dim=16",
+    "tokens_per_step=256",
+    "eval.every=2",
+    "eval.samples=4",
     "stages=[{name: a, keys: separate, context: [64, 96], num_passkeys: [1, 3], advance_at: 1.1, max_steps: 2},"
     " {name: b, keys: values, context: [128, 160], lr: 5.0e-4, advance_at: 1.1, max_steps: 2}]",
-    "final_eval.contexts=[128]", "final_eval.samples=2", "final_eval.attention_context=128",
-    "final_eval.attention_samples=2", "final_eval.ablation={context: 128, samples: 2, sink: 4, recent: 8}",
+    "final_eval.contexts=[128]",
+    "final_eval.samples=2",
+    "final_eval.attention_context=128",
+    "final_eval.attention_samples=2",
+    "final_eval.ablation={context: 128, samples: 2, sink: 4, recent: 8}",
 ]
 
 
@@ -106,7 +117,7 @@ def test_recipe_trains_deterministically_and_saves_a_loadable_model(tmp_path):
     for a, b in zip(first["model"].state_dict().values(), second["model"].state_dict().values()):
         assert torch.equal(a, b)
     assert [s["steps"] for s in first["results"]["stages"]] == [2, 2]
-    save(first["model"], first["tokenizer"], recipe, first["results"], tmp_path)
+    save_demo_model(first["model"], first["tokenizer"], recipe, first["results"], tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert AutoTokenizer.from_pretrained(tmp_path)("ab")["input_ids"] == [1, 70, 71]
     assert json.loads((tmp_path / "training.json").read_text())["recipe"] == recipe

@@ -7,20 +7,32 @@ import torch
 from typer.testing import CliRunner
 
 import duocal_runtime as dr
+from duocal import models
 from duocal.cli import app
-from duocal.demo import DEMO_MODEL_DIR
 from duocal.data.padding import pad_batch, pad_token_id
-from duocal.eval import models, variants
-from duocal.eval import passkey as pk
-from duocal.eval.passkey import PasskeyEvalConfig
+from duocal.demo import DEMO_MODEL_DIR
+from duocal.eval import passkey_retrieval as pk
+from duocal.eval import row_kinds as variants
+from duocal.eval.passkey_retrieval import PasskeyEvalConfig
 
 from helpers import random_profile
 
 runner = CliRunner()
 SHAPE = dr.ModelShape(4, 8, 4, 16)
 WINDOW = dr.SinkWindow(sink=8, recent=32)
-ROW_KEYS = {"policy", "context", "sparsity", "exact_match", "kv_bytes", "kv_bytes_measured", "kv_bytes_full",
-            "fraction_of_full", "samples", "streaming_heads", "num_heads"}
+ROW_KEYS = {
+    "policy",
+    "context",
+    "sparsity",
+    "exact_match",
+    "kv_bytes",
+    "kv_bytes_measured",
+    "kv_bytes_full",
+    "fraction_of_full",
+    "samples",
+    "bounded_heads",
+    "num_heads",
+}
 
 
 @pytest.fixture(scope="session")
@@ -33,10 +45,19 @@ def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -59,8 +80,10 @@ def test_h2o_matches_the_duo_budget(sparsity, context):
 
 def test_random_plans_draw_the_same_count_differently_and_reproducibly():
     plans = variants.random_plans(SHAPE, 0.75, WINDOW, seeds=[0, 1, 2])
-    streaming = [frozenset(i for i, p in enumerate(p for row in plan.policies for p in row)
-                           if not isinstance(p, dr.Full)) for plan in plans]
+    streaming = [
+        frozenset(i for i, p in enumerate(p for row in plan.policies for p in row) if not isinstance(p, dr.Full))
+        for plan in plans
+    ]
     assert [len(s) for s in streaming] == [12, 12, 12]
     assert len(set(streaming)) == 3
     assert variants.random_plans(SHAPE, 0.75, WINDOW, seeds=[0, 1, 2]) == plans
@@ -69,13 +92,21 @@ def test_random_plans_draw_the_same_count_differently_and_reproducibly():
 def test_variants_cover_policy_by_sparsity():
     profile = random_profile(layers=4, kv_heads=4, heads=8, head_dim=16)
     config = PasskeyEvalConfig(sparsities=(0.25, 0.5), random_seeds=2)
-    rows = variants.build_variants(SHAPE, config, 512, WINDOW, profile, {"mine": dr.uniform_plan(SHAPE, WINDOW)})
-    assert [(v.policy, v.sparsity, len(v.plans)) for v in rows] == [
-        ("full", 0.0, 1), ("duo", 0.25, 1), ("duo", 0.5, 1), ("streaming", 1.0, 1),
-        ("h2o", 0.25, 1), ("h2o", 0.5, 1), ("random", 0.25, 2), ("random", 0.5, 2), ("mine", 1.0, 1),
+    inputs = variants.RowInputs(SHAPE, 512, WINDOW, profile, config.random_seeds)
+    rows = variants.build_rows(config.rows, config.sparsities, inputs, {"mine": dr.uniform_plan(SHAPE, WINDOW)})
+    assert [(v.row, v.sparsity, len(v.plans)) for v in rows] == [
+        ("full", 0.0, 1),
+        ("duo", 0.25, 1),
+        ("duo", 0.5, 1),
+        ("streaming", 1.0, 1),
+        ("h2o", 0.25, 1),
+        ("h2o", 0.5, 1),
+        ("random", 0.25, 2),
+        ("random", 0.5, 2),
+        ("mine", 1.0, 1),
     ]
     duo = rows[2].plans[0]
-    assert duo.num_streaming == 8 and duo == dr.plan(profile, sparsity=0.5, policy="sink_window", sink=8, recent=32)
+    assert duo.num_bounded == 8 and duo == dr.plan(profile, sparsity=0.5, policy="sink_window", sink=8, recent=32)
 
 
 def test_pad_batch_left_right_and_multiple():
@@ -88,7 +119,7 @@ def test_pad_batch_left_right_and_multiple():
 
 
 def test_window_defaults_to_the_profile():
-    profile = random_profile().with_deploy(sink=4, recent=12)
+    profile = random_profile().with_deploy(dr.SinkWindow(4, 12))
     assert PasskeyEvalConfig().window(profile) == dr.SinkWindow(4, 12)
     assert PasskeyEvalConfig(recent=20).window(profile) == dr.SinkWindow(4, 20)
     assert PasskeyEvalConfig().window(None) == dr.SinkWindow(64, 256)
@@ -101,7 +132,7 @@ def test_batched_answers_equal_answers_alone(tiny_model_dir):
     config = PasskeyEvalConfig(format="digits", samples=2)
     samples = pk.make_samples(tokenizer, 600, config) + pk.make_samples(tokenizer, 520, config)
     pad = pad_token_id(tokenizer, model.config)
-    plan = dr.plan_from_streaming_set(dr.shape_of_config(model.config), {1, 2}, WINDOW)
+    plan = dr.plan_from_bounded_set(dr.shape_of_config(model.config), {1, 2}, WINDOW)
     with dr.apply(model, plan) as runtime:
         together, _ = pk.greedy_answers(model, runtime, pk.make_batches(samples, 4, pad)[0], pad)
         alone = [pk.greedy_answers(model, runtime, pk.make_batches([s], 1, pad)[0], pad)[0][0] for s in samples]
@@ -110,14 +141,22 @@ def test_batched_answers_equal_answers_alone(tiny_model_dir):
 
 def test_rows_and_bytes(tiny_model_dir):
     model, tokenizer = models.load_model(tiny_model_dir), models.load_tokenizer(tiny_model_dir)
-    config = PasskeyEvalConfig(policies=("full", "streaming", "h2o", "random"), sparsities=(0.5,),
-                               contexts=(512,), samples=3, sink=8, recent=32, random_seeds=2, format="digits")
+    config = PasskeyEvalConfig(
+        rows=("full", "streaming", "h2o", "random"),
+        sparsities=(0.5,),
+        contexts=(512,),
+        samples=3,
+        sink=8,
+        recent=32,
+        random_seeds=2,
+        format="digits",
+    )
     seen = []
     rows = pk.evaluate_passkey(model, tokenizer, config, progress=lambda d, t, label: seen.append((d, t)))
-    assert [r.policy for r in rows] == ["full", "streaming", "h2o", "random"]
+    assert [r.row for r in rows] == ["full", "streaming", "h2o", "random"]
     assert seen[-1] == (15, 15) and all(d <= t for d, t in seen)
     full_bytes = 512 * 2 * 2 * 2 * 8 * 4  # context x layers x KV heads x (K, V) x head_dim x fp32
-    by = {r.policy: r for r in rows}
+    by = {r.row: r for r in rows}
     assert by["full"].kv_bytes == by["full"].kv_bytes_full == full_bytes
     assert by["streaming"].kv_bytes == 40 * 4 * 2 * 8 * 4
     # sink + recent and H2O heads store exactly their budget; full heads hold the sequence plus slack
@@ -131,58 +170,107 @@ def test_rows_and_bytes(tiny_model_dir):
 def test_cli_json_schema(tiny_model_dir, tmp_path):
     plot = tmp_path / "plot.png"
     profile = dr.save_profile(random_profile(layers=2, kv_heads=2, heads=4, head_dim=8), tmp_path / "p.json")
-    result = runner.invoke(app, [
-        "eval", "passkey", "--model", str(tiny_model_dir), "--profile", str(profile), "--contexts", "512",
-        "--samples", "2", "--sparsity", "0.5,1", "--sink", "8", "--recent", "32", "--random-seeds", "2",
-        "--json", "--plot", str(plot),
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "passkey",
+            "--model",
+            str(tiny_model_dir),
+            "--profile",
+            str(profile),
+            "--contexts",
+            "512",
+            "--samples",
+            "2",
+            "--sparsity",
+            "0.5,1",
+            "--sink",
+            "8",
+            "--recent",
+            "32",
+            "--random-seeds",
+            "2",
+            "--json",
+            "--plot",
+            str(plot),
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)  # stdout is nothing but the JSON list
     assert isinstance(rows, list)
-    assert [(r["policy"], r["sparsity"]) for r in rows] == [
-        ("full", 0.0), ("duo", 0.5), ("duo", 1.0), ("streaming", 1.0), ("h2o", 0.5), ("h2o", 1.0),
-        ("random", 0.5), ("random", 1.0)]
+    assert [(r["row"], r["sparsity"]) for r in rows] == [
+        ("full", 0.0),
+        ("duo", 0.5),
+        ("duo", 1.0),
+        ("streaming", 1.0),
+        ("h2o", 0.5),
+        ("h2o", 1.0),
+        ("random", 0.5),
+        ("random", 1.0),
+    ]
     for r in rows:
         assert ROW_KEYS <= set(r), r
         assert r["context"] == 512 and r["samples"] == 2 and 0.0 <= r["exact_match"] <= 1.0
-        assert isinstance(r["kv_bytes"], int) and r["fraction_of_full"] == pytest.approx(r["kv_bytes"] / r["kv_bytes_full"])
+        assert isinstance(r["kv_bytes"], int) and r["fraction_of_full"] == pytest.approx(
+            r["kv_bytes"] / r["kv_bytes_full"]
+        )
     for r in rows:
-        if r["policy"] == "random":
+        if r["row"] == "random":
             assert r["seeds"] == [0, 1] and r["min"] <= r["exact_match"] <= r["max"] and len(r["per_seed"]) == 2
-    duo = {r["sparsity"]: r for r in rows if r["policy"] == "duo"}
+    duo = {r["sparsity"]: r for r in rows if r["row"] == "duo"}
     assert duo[1.0]["kv_bytes"] == rows[3]["kv_bytes"]  # every head streaming = StreamingLLM
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cli_table(tiny_model_dir, tmp_path):
-    result = runner.invoke(app, [
-        "eval", "passkey", "--model", str(tiny_model_dir), "--contexts", "512", "--samples", "1",
-        "--policies", "full,streaming", "--no-plot", "--sink", "8", "--recent", "32",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "passkey",
+            "--model",
+            str(tiny_model_dir),
+            "--contexts",
+            "512",
+            "--samples",
+            "1",
+            "--rows",
+            "full,streaming",
+            "--no-plot",
+            "--sink",
+            "8",
+            "--recent",
+            "32",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "exact match" in result.stdout and "streaming" in result.stdout and "0/4 full" in result.stdout
     assert "4/4 sink_window 8+32" in result.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--policies", "full,magic"], "unknown policy 'magic'"),
-    (["--sparsity", "0.5,1.5"], "sparsity must be in [0, 1]"),
-    (["--sparsity", "half"], "cannot read --sparsity"),
-    (["--contexts", "512,2048"], "beyond the model's max_position_embeddings (1024)"),
-    (["--samples", "0"], "samples must be at least 1"),
-    (["--policies", "full,duo"], "policy 'duo' needs a profile"),
-    (["--contexts", "100"], "raise context_length"),
-    (["--sink", "0"], "sink must be a positive"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rows", "full,magic"], "unknown row 'magic'"),
+        (["--sparsity", "0.5,1.5"], "sparsity must be in [0, 1]"),
+        (["--sparsity", "half"], "cannot read --sparsity"),
+        (["--contexts", "512,2048"], "beyond the model's max_position_embeddings (1024)"),
+        (["--samples", "0"], "samples must be at least 1"),
+        (["--rows", "full,duo"], "row 'duo' needs a profile"),
+        (["--contexts", "100"], "raise context_length"),
+        (["--sink", "0"], "sink must be a positive"),
+    ],
+)
 def test_cli_bad_options(tiny_model_dir, monkeypatch, args, message):
-    monkeypatch.setattr("duocal.cli.eval.load_model", lambda *a: pytest.fail("loaded the weights"))
+    monkeypatch.setattr("duocal.models.resolve.ModelRef.load_model", lambda *a: pytest.fail("loaded the weights"))
     result = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_model_dir), "--no-plot", *args])
     assert result.exit_code != 0
     assert message in result.stderr, result.output
 
 
 def test_cli_profile_of_another_model(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr("duocal.cli.eval.load_model", lambda *a: pytest.fail("loaded the weights"))
+    monkeypatch.setattr("duocal.models.resolve.ModelRef.load_model", lambda *a: pytest.fail("loaded the weights"))
     other = dr.save_profile(random_profile(layers=4, kv_heads=2, heads=4, head_dim=8), tmp_path / "other.json")
     result = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_model_dir), "--profile", str(other)])
     assert result.exit_code == 1
@@ -191,13 +279,28 @@ def test_cli_profile_of_another_model(tiny_model_dir, tmp_path, monkeypatch):
 
 def test_cli_demo_defaults(tmp_path):
     """The demo model is the default; its shipped profile (when there is one) is the default for duo."""
-    from duocal.cli.eval import default_profile
+    from duocal.models import ModelRef
 
-    result = runner.invoke(app, ["eval", "passkey", "--contexts", "512", "--samples", "2", "--sparsity", "0.5",
-                                 "--random-seeds", "1", "--json", "--no-plot"])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "passkey",
+            "--contexts",
+            "512",
+            "--samples",
+            "2",
+            "--sparsity",
+            "0.5",
+            "--random-seeds",
+            "1",
+            "--json",
+            "--no-plot",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
-    shipped = default_profile(DEMO_MODEL_DIR)
+    shipped = ModelRef.resolve(DEMO_MODEL_DIR).default_profile
     want = ["full", "duo", "streaming", "h2o", "random"] if shipped else ["full", "streaming", "h2o", "random"]
-    assert [r["policy"] for r in rows] == want
+    assert [r["row"] for r in rows] == want
     assert rows[0]["exact_match"] >= 0.5  # 2 held-out samples at 512 tokens: the demo model retrieves

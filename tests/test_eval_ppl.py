@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.cli.app import app
 from duocal.demo import DEMO_MODEL_DIR
-from duocal.eval.models import load_model, load_tokenizer
 from duocal.eval.perplexity import PerplexityConfig, evaluate_perplexity, text_windows
+from duocal.models import load_model, load_tokenizer
 
 TEXT = "the quick brown fox jumps over the lazy dog while the passkey waits. " * 40
 
@@ -23,9 +23,10 @@ def demo():
 
 def test_full_row_equals_the_plain_model_and_a_window_wider_than_the_context_changes_nothing(demo):
     model, tokenizer = demo
-    config = PerplexityConfig(policies=("full", "streaming"), context=300, scored=200, chunk=7, windows=2,
-                              sink=100, recent=200)
-    rows = {r.policy: r for r in evaluate_perplexity(model, tokenizer, TEXT, config)}
+    config = PerplexityConfig(
+        rows=("full", "streaming"), context=300, scored=200, chunk=7, windows=2, sink=100, recent=200
+    )
+    rows = {r.row: r for r in evaluate_perplexity(model, tokenizer, TEXT, config)}
     losses = []
     with torch.no_grad():
         for window in text_windows(tokenizer, TEXT, 300, 2):
@@ -40,20 +41,29 @@ def test_full_row_equals_the_plain_model_and_a_window_wider_than_the_context_cha
 def test_evicting_policies_change_the_loss_and_rows_carry_their_bytes(demo):
     model, tokenizer = demo
     profile = dr.load_profile(str(DEMO_MODEL_DIR.parents[2] / "profiles" / "demo-model.json"))
-    config = PerplexityConfig(policies=("full", "duo", "streaming", "h2o", "random"), sparsities=(0.5,), context=400,
-                              chunk=50, windows=1, random_seeds=2)
-    rows = {r.policy: r for r in evaluate_perplexity(model, tokenizer, TEXT, config, profile=profile)}
+    config = PerplexityConfig(
+        rows=("full", "duo", "streaming", "h2o", "random"),
+        sparsities=(0.5,),
+        context=400,
+        chunk=50,
+        windows=1,
+        random_seeds=2,
+    )
+    rows = {r.row: r for r in evaluate_perplexity(model, tokenizer, TEXT, config, profile=profile)}
     assert rows["streaming"].ppl != pytest.approx(rows["full"].ppl, rel=1e-6)
     assert rows["duo"].kv_bytes == rows["random"].kv_bytes < rows["full"].kv_bytes
     assert rows["h2o"].kv_bytes <= rows["duo"].kv_bytes and len(rows["random"].per_seed) == 2
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(context=100, scored=100), "scored must be between 1 and context - 1"),
-    (dict(policies=("full", "fast")), "unknown policy 'fast'"),
-    (dict(chunk=0), "chunk must be at least 1"),
-    (dict(sparsities=(1.5,)), "sparsity must be in"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(context=100, scored=100), "scored must be between 1 and context - 1"),
+        (dict(rows=("full", "fast")), "unknown row 'fast'"),
+        (dict(chunk=0), "chunk must be at least 1"),
+        (dict(sparsities=(1.5,)), "sparsity must be in"),
+    ],
+)
 def test_bad_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PerplexityConfig(**kwargs)
@@ -63,11 +73,25 @@ def test_cli_json_rows_and_clear_errors(tmp_path):
     runner = CliRunner()
     text = tmp_path / "story.txt"
     text.write_text(TEXT)
-    out = runner.invoke(app, ["eval", "ppl", "--text", str(text), "--context", "256", "--windows", "1",
-                              "--policies", "full,streaming", "--json"])
+    out = runner.invoke(
+        app,
+        [
+            "eval",
+            "ppl",
+            "--text",
+            str(text),
+            "--context",
+            "256",
+            "--windows",
+            "1",
+            "--rows",
+            "full,streaming",
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     rows = json.loads(out.stdout)
-    assert [r["policy"] for r in rows] == ["full", "streaming"]
+    assert [r["row"] for r in rows] == ["full", "streaming"]
     assert set(rows[0]) >= {"policy", "sparsity", "context", "tokens_scored", "ppl", "kv_bytes"}
     short = runner.invoke(app, ["eval", "ppl", "--text", str(text), "--context", "4000"])
     assert short.exit_code == 1 and "fewer than one window of 4000" in short.output

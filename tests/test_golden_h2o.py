@@ -26,8 +26,15 @@ def golden():
 def generate(model, run, cache):
     ids = torch.tensor([run["prompt_ids"]])
     # an explicit all-ones mask: the prompt contains token 0, which generate would otherwise take for padding
-    return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=run["num_generated"],
-                          do_sample=False, cache=cache, eos_token_id=None, pad_token_id=0)
+    return model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=run["num_generated"],
+        do_sample=False,
+        cache=cache,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
 
 
 def h2o_state(cache: dr.DuoCache, layer: int, head: int):
@@ -41,7 +48,9 @@ def test_h2o_reproduces_the_reference_token_by_token(golden, run_index):
     data, model = golden
     run = data["runs"][run_index]
     settings = data["h2o"]
-    plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.H2O(heavy=settings["hh_size"], recent=settings["recent_size"]))
+    plan = dr.uniform_plan(
+        dr.shape_of_config(model.config), dr.H2O(heavy=settings["hh_size"], recent=settings["recent_size"])
+    )
     with dr.apply(model, plan) as runtime:
         cache = runtime.new_cache()
         ids = torch.tensor([run["prompt_ids"]])
@@ -70,7 +79,7 @@ def test_all_full_plan_reproduces_the_reference_full_cache(golden, run_index):
     plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())
     with dr.apply(model, plan) as runtime:
         out = generate(model, run, runtime.new_cache())
-    assert out[0, run["prompt_len"]:].tolist() == run["full_cache"]["generated_ids"]
+    assert out[0, run["prompt_len"] :].tolist() == run["full_cache"]["generated_ids"]
 
 
 @pytest.mark.parametrize("run_index", [0, 1])
@@ -80,4 +89,4 @@ def test_generate_reproduces_the_reference_tokens(golden, run_index):
     plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.H2O(heavy=8, recent=16))
     with dr.apply(model, plan) as runtime:
         out = generate(model, run, runtime.new_cache())
-    assert out[0, run["prompt_len"]:].tolist() == run["h2o"]["generated_ids"]
+    assert out[0, run["prompt_len"] :].tolist() == run["h2o"]["generated_ids"]

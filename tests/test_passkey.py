@@ -6,7 +6,7 @@ import hashlib
 import json
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from duocal.data import (
@@ -38,9 +38,17 @@ def bpe():
     core = Tokenizer(models.BPE(unk_token=None))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    corpus = [ENGLISH * 3, " ".join(FORMATS["nato"].values) * 5, FORMATS["digits"].prefix,
-              FORMATS["nato"].needle + FORMATS["nato"].question, " ".join(FORMATS["digits"].keys), "0123456789 " * 5]
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = [
+        ENGLISH * 3,
+        " ".join(FORMATS["nato"].values) * 5,
+        FORMATS["digits"].prefix,
+        FORMATS["nato"].needle + FORMATS["nato"].question,
+        " ".join(FORMATS["digits"].keys),
+        "0123456789 " * 5,
+    ]
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=["<s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     core.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>")
 
@@ -73,7 +81,9 @@ def check_sample(sample, tokenizer, generator):
 def test_labels_only_on_answers(chars, bpe, fmt, questions):
     for tokenizer in (chars, bpe):
         n, context = {"demo": ((1, 4), (300, 500)), "digits": ((1, 3), (600, 900)), "nato": ((1, 2), (700, 900))}[fmt]
-        gen = PasskeyGenerator(tokenizer, context_length=context, num_passkeys=n, format=fmt, questions=questions, seed=3)
+        gen = PasskeyGenerator(
+            tokenizer, context_length=context, num_passkeys=n, format=fmt, questions=questions, seed=3
+        )
         for sample in gen.samples(6):
             check_sample(sample, tokenizer, gen)
             asked = [a.needle for a in sample.answers]
@@ -84,8 +94,11 @@ def test_labels_only_on_answers(chars, bpe, fmt, questions):
 
 
 def test_same_seed_same_samples_other_seed_differs(chars):
-    make = lambda seed: PasskeyGenerator(chars, context_length=(200, 400), num_passkeys=(1, 6), format="demo",
-                                         questions="all", seed=seed)
+    def make(seed):
+        return PasskeyGenerator(
+            chars, context_length=(200, 400), num_passkeys=(1, 6), format="demo", questions="all", seed=seed
+        )
+
     a, b, c = make(7), make(7), make(8)
     assert [s for s in a.samples(5)] == [s for s in b.samples(5)]
     assert a[3] == b[3]  # random access gives the same sample as iteration
@@ -145,7 +158,12 @@ def test_haystack_from_text_jsonl_and_dataset(chars, tmp_path):
     import datasets
 
     dataset = datasets.load_dataset("json", data_files=str(jsonl), split="train")
-    cases = [(text, "there was a tiny model"), (jsonl, "says hello"), (dataset, "says hello"), (["abc def "] * 3, "abc def")]
+    cases = [
+        (text, "there was a tiny model"),
+        (jsonl, "says hello"),
+        (dataset, "says hello"),
+        (["abc def "] * 3, "abc def"),
+    ]
     for source, expected in cases:
         gen = PasskeyGenerator(chars, context_length=600, num_passkeys=2, format="demo", haystack=source, seed=1)
         s = gen[0]
@@ -215,8 +233,9 @@ def test_tokenizer_that_splits_the_markers_is_an_error():
     vocab = {c: i for i, c in enumerate(["<unk>", "#", "?", ";", "k", "#k", *"0123456789", " ", "a"])}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[("#", "k")], unk_token="<unk>"))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>")
-    fmt = PasskeyFormat(needle="#{key}{value};", question="?{key}{value};", keys=("k",), values=tuple("0123456789"),
-                        value_length=3)
+    fmt = PasskeyFormat(
+        needle="#{key}{value};", question="?{key}{value};", keys=("k",), values=tuple("0123456789"), value_length=3
+    )
     with pytest.raises(ValueError, match="splits the passkey markers"):
         PasskeyGenerator(tokenizer, context_length=100, format=fmt, haystack=["a a a "])
     ok = fmt.replace(needle="# {key} {value};", question="? {key} {value};")  # whitespace: clean boundaries

@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import duocal_runtime as dr
-from duocal_runtime.planning import streaming_order
+from duocal_runtime.planning import bounded_order
 
 from helpers import random_profile
 
@@ -37,13 +39,13 @@ def test_exact_count_and_deterministic_with_ties(sparsity):
     profile = random_profile(layers=8, kv_heads=4, ties=True)
     heads = 32
     plans = [dr.plan(profile, sparsity=sparsity) for _ in range(3)]
-    assert all(p.num_streaming == round(sparsity * heads) for p in plans)
+    assert all(p.num_bounded == round(sparsity * heads) for p in plans)
     assert plans[0] == plans[1] == plans[2]
     assert plans[0].sparsity == pytest.approx(round(sparsity * heads) / heads)
 
 
 def test_streaming_order_breaks_ties_by_later_head_first():
-    assert streaming_order([0.5, 0.1, 0.5, 0.5]) == [1, 3, 2, 0]
+    assert bounded_order([0.5, 0.1, 0.5, 0.5]) == [1, 3, 2, 0]
 
 
 def test_streaming_heads_never_score_above_full_heads():
@@ -83,11 +85,11 @@ def test_budget_picks_fewest_streaming_heads_that_fit():
     for k in range(1, 17):
         budget_tokens = 16 * context - k * (context - 320)  # exactly k sink_window(64, 256) heads
         plan = dr.plan(profile, budget=budget_tokens, context=context, sink=64, recent=256)
-        assert plan.num_streaming == k
+        assert plan.num_bounded == k
         assert plan.kv_tokens(context) <= budget_tokens
         if k < 16:
             tighter = dr.plan(profile, budget=budget_tokens - 1, context=context, sink=64, recent=256)
-            assert tighter.num_streaming == k + 1
+            assert tighter.num_bounded == k + 1
         assert plan == dr.plan(profile, sparsity=k / 16, sink=64, recent=256)
 
 
@@ -95,7 +97,7 @@ def test_budget_in_bytes_and_errors():
     profile = random_profile(layers=4, kv_heads=4, heads=4, head_dim=8)
     plan = dr.plan(profile, budget="300KiB", context=1000, dtype="bfloat16")
     assert plan.kv_bytes(1000, dtype="bfloat16") <= 300 * 1024
-    assert 0 < plan.num_streaming < 16
+    assert 0 < plan.num_bounded < 16
     with pytest.raises(dr.PlanError, match="impossible budget"):
         dr.plan(profile, budget="1KiB", context=1000)
     with pytest.raises(dr.PlanError, match="context"):
@@ -134,10 +136,6 @@ def test_plan_dict_round_trip_and_groups():
         assert heads == [0, 1, 2, 3]
 
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     scores=st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]) | st.floats(0, 1), min_size=4, max_size=4 * 3),
@@ -150,6 +148,16 @@ def test_property_exact_count_and_nested_selections(scores, sparsity):
     rows = [scores[i * kv_heads : (i + 1) * kv_heads] for i in range(layers)]
     profile = dr.Profile(dr.ModelInfo(shape), rows)
     plan = dr.plan(profile, sparsity=sparsity)
-    assert plan.num_streaming == round(sparsity * len(scores))
+    assert plan.num_bounded == round(sparsity * len(scores))
     bigger = dr.plan(profile, sparsity=min(1.0, sparsity + 0.25))
     assert (full_mask(bigger) <= full_mask(plan)).all()  # more sparsity only ever adds streaming heads
+
+
+def test_old_streaming_names_still_work_with_a_deprecation_warning():
+    profile = random_profile(layers=2, kv_heads=2, heads=4)
+    plan = dr.plan(profile, sparsity=0.5)
+    with pytest.warns(DeprecationWarning, match="num_bounded"):
+        assert plan.num_streaming == plan.num_bounded == 2
+    with pytest.warns(DeprecationWarning, match="plan_from_bounded_set"):
+        old = dr.plan_from_streaming_set(plan.shape, {0, 3}, dr.SinkWindow())
+    assert old == dr.plan_from_bounded_set(plan.shape, {0, 3}, dr.SinkWindow())

@@ -2,6 +2,7 @@
 one (the first token plus the last `recent`, unpadded batches) and runs it through plans,
 profiles' deploy defaults, memory reports and generate(), without touching the runtime."""
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -24,6 +25,9 @@ class FirstAndRecent(dr.HeadPolicy):
     def budget(self) -> int:
         return 1 + self.recent
 
+    def keeps(self, k_rank, real_total, score=None):
+        return R.in_sink_or_recent(k_rank, real_total[..., None] - 1, 1, self.recent)
+
     def make_group(self, kv_heads, rep, max_length=None):
         return FirstAndRecentGroup(self, kv_heads, rep)
 
@@ -35,10 +39,11 @@ class FirstAndRecentGroup(HeadGroup):
         keys = k if self.k is None else torch.cat([self.k, k], dim=2)
         values = v if self.v is None else torch.cat([self.v, v], dim=2)
         ranks = step.new_ranks if self.k is None else torch.cat([self.rank, step.new_ranks], dim=1)
-        mask = R.sink_window_mask(step.new_ranks, ranks, 1, self.policy.recent)[:, None]
-        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=step.scaling,
-                                                               enable_gqa=True)
-        keep = R.sink_window_keep(ranks, step.real_after, 1, self.policy.recent)[0]  # one unpadded row
+        mask = dr.SinkWindow(1, self.policy.recent).sees(step.new_ranks[:, :, None], ranks[:, None, :])[:, None]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=step.scaling, enable_gqa=True
+        )
+        keep = self.policy.keeps(ranks, step.real_after)[0]  # one unpadded row
         self.k, self.v, self.rank = keys[:, :, keep], values[:, :, keep], ranks[:, keep]
         return out
 
@@ -75,6 +80,16 @@ def test_profiles_accept_a_registered_policy_as_deploy_default(registered):
     profile = random_profile(layers=2, kv_heads=2, heads=4, head_dim=16)
     data = profile.to_dict()
     data["deploy"]["policy"] = "first_and_recent"
-    with_toy = dr.profile_from_dict(data)
+    data["deploy"]["sizes"]["first_and_recent"] = {"recent": 7}  # its own field, stored with no edit elsewhere
+    with_toy = dr.profile_from_dict(json.loads(json.dumps(data)))
     plan = dr.plan(with_toy, sparsity=1.0)
-    assert all(p == FirstAndRecent(recent=with_toy.deploy.recent) for row in plan.policies for p in row)
+    assert all(p == FirstAndRecent(recent=7) for row in plan.policies for p in row)
+    assert dr.profile_from_dict(with_toy.to_dict()) == with_toy
+
+
+def test_the_profiler_measures_a_registered_policy_by_its_own_rule(registered):
+    from duocal.profiling.head_scores import kept_keys
+
+    kept = kept_keys(FirstAndRecent(recent=3), row=9, column_mass=torch.rand(2, 12))
+    assert kept.shape == (2, 12)
+    assert [torch.nonzero(k).flatten().tolist() for k in kept] == [[0, 7, 8, 9]] * 2  # never keys after the row

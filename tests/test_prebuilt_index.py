@@ -14,7 +14,13 @@ import duocal_runtime as dr
 from duocal_runtime.fetching.download import mirror_url
 from duocal_runtime.fetching.hub import HubRef, parse_hf_ref
 from duocal_runtime.fetching.prebuilt_index import (
-    IndexEntry, PathSource, UrlSource, default_index_path, index_from_dict, load_index, resolve,
+    IndexEntry,
+    PathSource,
+    UrlSource,
+    default_index_path,
+    index_from_dict,
+    load_index,
+    resolve,
 )
 from duocal_runtime.fetching.pull import pull
 from duocal_runtime.upstream import KNOWN_MODELS, UPSTREAM_COMMIT, UPSTREAM_REPO
@@ -54,12 +60,20 @@ def test_the_six_upstream_patterns_are_listed_at_the_pinned_commit():
     for model, (hub_id, _arch, shape) in KNOWN_MODELS.items():
         entry = index.get(f"duo-attention/{model}")
         ctx = "1000_128000" if model == "Meta-Llama-3.1-8B-Instruct" else "1000_32000"
-        base = (f"https://raw.githubusercontent.com/{UPSTREAM_REPO}/{UPSTREAM_COMMIT}/attn_patterns/{model}/"
-                f"lr=0.02-reg=0.05-ctx={ctx}-multi_passkey10")
+        base = (
+            f"https://raw.githubusercontent.com/{UPSTREAM_REPO}/{UPSTREAM_COMMIT}/attn_patterns/{model}/"
+            f"lr=0.02-reg=0.05-ctx={ctx}-multi_passkey10"
+        )
         assert (entry.model, entry.format, entry.shape, entry.revision) == (
-            hub_id, "upstream-duo-attention", shape, UPSTREAM_COMMIT)
+            hub_id,
+            "upstream-duo-attention",
+            shape,
+            UPSTREAM_COMMIT,
+        )
         assert {f.name: f.url for f in entry.files} == {
-            "full_attention_heads.tsv": f"{base}/full_attention_heads.tsv", "config.json": f"{base}/config.json"}
+            "full_attention_heads.tsv": f"{base}/full_attention_heads.tsv",
+            "config.json": f"{base}/config.json",
+        }
 
 
 def test_upstream_hashes_sizes_and_shapes_match_the_real_files(upstream_patterns):
@@ -92,23 +106,40 @@ def test_every_profile_file_in_the_profiles_folder_is_in_the_index():
         if path.name == "index.json":
             continue
         profile = dr.load_profile(path)
-        suggestion = json.dumps({
-            "name": path.stem, "model": profile.model.name_or_path, "format": "duocal",
-            "shape": profile.shape.to_dict(),
-            "files": [{"name": "profile.json", "file": str(path.relative_to(PROFILES_DIR)),
-                       "sha256": _sha(path), "size": path.stat().st_size}]})
+        suggestion = json.dumps(
+            {
+                "name": path.stem,
+                "model": profile.model.name_or_path,
+                "format": "duocal",
+                "shape": profile.shape.to_dict(),
+                "files": [
+                    {
+                        "name": "profile.json",
+                        "file": str(path.relative_to(PROFILES_DIR)),
+                        "sha256": _sha(path),
+                        "size": path.stat().st_size,
+                    }
+                ],
+            }
+        )
         assert path.resolve() in listed, f"{path} ships without an index entry; add: {suggestion}"
 
 
 # --- a shipped entry, end to end, in an index the test writes -------------------------------
 
+
 def _shipped_index(tmp_path, profile, shape=None) -> Path:
     folder = tmp_path / "profiles"
     path = dr.save_profile(profile, folder / "demo" / "demo.json")
-    entry = {"name": "demo/tiny", "model": profile.model.name_or_path, "format": "duocal",
-             "shape": (shape or profile.shape).to_dict(),
-             "files": [{"name": "profile.json", "file": "demo/demo.json", "sha256": _sha(path),
-                        "size": path.stat().st_size}]}
+    entry = {
+        "name": "demo/tiny",
+        "model": profile.model.name_or_path,
+        "format": "duocal",
+        "shape": (shape or profile.shape).to_dict(),
+        "files": [
+            {"name": "profile.json", "file": "demo/demo.json", "sha256": _sha(path), "size": path.stat().st_size}
+        ],
+    }
     index = folder / "index.json"
     index.write_text(json.dumps({"format": "duocal.index", "version": 1, "profiles": [entry]}))
     return index
@@ -145,11 +176,16 @@ def test_an_entry_whose_shape_differs_from_its_profile_is_refused(tmp_path):
 
 # --- validation of index files ---------------------------------------------------------------
 
+
 def _entry(**changes):
     f = {"name": "profile.json", "url": f"https://example.org/{'a' * 40}/p.json", "sha256": "0" * 64, "size": 10}
-    entry = {"name": "x", "model": "o/m", "format": "duocal",
-             "shape": {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8},
-             "files": [f]}
+    entry = {
+        "name": "x",
+        "model": "o/m",
+        "format": "duocal",
+        "shape": {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8},
+        "files": [f],
+    }
     for key, value in changes.items():
         if key.startswith("file_"):
             f[key[5:]] = value
@@ -158,20 +194,23 @@ def _entry(**changes):
     return entry
 
 
-@pytest.mark.parametrize("entries, message", [
-    ([_entry(), _entry(name="X")], "duplicate profile name"),
-    ([_entry(file_url="https://raw.githubusercontent.com/o/r/main/p.json")], "pinned"),
-    ([_entry(file_url="hf://o/r/profile.json@main")], "40-hex commit"),
-    ([_entry(file_url="http://example.org/x.json")], "pinned"),
-    ([_entry(file_sha256="abc")], "64 hex digits"),
-    ([_entry(format="gguf")], "format must be one of"),
-    ([_entry(file_name="weights.bin")], "has files"),
-    ([_entry(file_file="../outside.json")], "exactly one of 'url'"),
-    ([_entry(name="https://evil")], "no URL scheme"),
-    ([_entry(shape={"num_hidden_layers": 2})], "shape needs exactly"),
-    ([_entry(model="")], "'model' must be a non-empty"),
-    ([_entry(revision="b" * 40)], "not at the entry's revision"),
-])
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        ([_entry(), _entry(name="X")], "duplicate profile name"),
+        ([_entry(file_url="https://raw.githubusercontent.com/o/r/main/p.json")], "pinned"),
+        ([_entry(file_url="hf://o/r/profile.json@main")], "40-hex commit"),
+        ([_entry(file_url="http://example.org/x.json")], "pinned"),
+        ([_entry(file_sha256="abc")], "64 hex digits"),
+        ([_entry(format="gguf")], "format must be one of"),
+        ([_entry(file_name="weights.bin")], "has files"),
+        ([_entry(file_file="../outside.json")], "exactly one of 'url'"),
+        ([_entry(name="https://evil")], "no URL scheme"),
+        ([_entry(shape={"num_hidden_layers": 2})], "shape needs exactly"),
+        ([_entry(model="")], "'model' must be a non-empty"),
+        ([_entry(revision="b" * 40)], "not at the entry's revision"),
+    ],
+)
 def test_bad_index_entries_are_refused_with_a_reason(entries, message):
     with pytest.raises(dr.ProfileError, match=message):
         index_from_dict({"format": "duocal.index", "version": 1, "profiles": entries}, Path("."))
@@ -193,12 +232,19 @@ def test_an_index_of_another_format_is_refused(tmp_path):
 
 # --- resolution ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("ref, expected", [
-    ("hf://me/repo", HubRef("me/repo")),
-    ("hf://me/repo@v1", HubRef("me/repo", "", "v1")),
-    ("hf://me/repo/sub/dir/p.json@" + "c" * 40, HubRef("me/repo", "sub/dir/p.json", "c" * 40)),
-    ("hf://datasets/me/data/pat/full_attention_heads.tsv", HubRef("me/data", "pat/full_attention_heads.tsv", None, "dataset")),
-])
+
+@pytest.mark.parametrize(
+    "ref, expected",
+    [
+        ("hf://me/repo", HubRef("me/repo")),
+        ("hf://me/repo@v1", HubRef("me/repo", "", "v1")),
+        ("hf://me/repo/sub/dir/p.json@" + "c" * 40, HubRef("me/repo", "sub/dir/p.json", "c" * 40)),
+        (
+            "hf://datasets/me/data/pat/full_attention_heads.tsv",
+            HubRef("me/data", "pat/full_attention_heads.tsv", None, "dataset"),
+        ),
+    ],
+)
 def test_hf_references_parse(ref, expected):
     assert parse_hf_ref(ref) == expected
     assert str(expected) == ref
@@ -208,7 +254,9 @@ def test_what_each_hf_reference_downloads():
     assert HubRef("o/r").files() == {"profile.json": "profile.json"}
     assert HubRef("o/r", "v2").files() == {"profile.json": "v2/profile.json"}
     assert HubRef("o/r", "pat/full_attention_heads.tsv").files() == {
-        "full_attention_heads.tsv": "pat/full_attention_heads.tsv", "config.json": "pat/config.json"}
+        "full_attention_heads.tsv": "pat/full_attention_heads.tsv",
+        "config.json": "pat/config.json",
+    }
 
 
 @pytest.mark.parametrize("ref", ["hf://", "hf://only-owner", "hf://o/r@", "hf://o/r/../x", "hf://o w/r"])

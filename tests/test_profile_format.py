@@ -56,8 +56,11 @@ def valid_dict():
     "mutate, message",
     [
         (lambda d: d.update(format="other"), "unknown format"),
-        (lambda d: d.update(version=3), "unsupported profile version 3"),
-        (lambda d: d.update(measurements={"retrieval": {"scores": [[0.5]]}}), "measurements need profile version 2"),
+        (lambda d: d.update(version=4), "unsupported profile version 4"),
+        (
+            lambda d: d.update(version=1, measurements={"retrieval": {"scores": [[0.5]]}}),
+            "measurements need profile version 2",
+        ),
         (lambda d: d.pop("scores"), "missing field 'scores'"),
         (lambda d: d["model"].pop("head_dim"), "missing field 'model.head_dim'"),
         (lambda d: d["scores"][1].__setitem__(0, float("nan")), "score [1][0] is nan"),
@@ -71,6 +74,12 @@ def valid_dict():
         (lambda d: d["deploy"].update(sparsity=2), "deploy.sparsity"),
         (lambda d: d["deploy"].update(policy="full"), "deploy.policy"),
         (lambda d: d["deploy"].update(bogus=1), "unknown deploy field"),
+        (lambda d: d["deploy"].update(sink=16), "unknown deploy field(s) ['sink'] (profile version 3)"),
+        (lambda d: d["deploy"]["sizes"].update(nope={"sink": 1}), "deploy.sizes.nope: unknown policy 'nope'"),
+        (lambda d: d["deploy"]["sizes"].update(h2o={"heavy": 8, "sink": 1}), "deploy.sizes.h2o: h2o: unknown size"),
+        (lambda d: d["deploy"]["sizes"].update(h2o={"heavy": 0}), "deploy.sizes.h2o: h2o: heavy must be a positive"),
+        (lambda d: d["deploy"].update(sizes=[1]), "deploy.sizes must be an object"),
+        (lambda d: d.update(version=1), "unknown deploy field(s) ['sizes'] (profile version 1)"),
     ],
 )
 def test_every_validation_error_is_clear(tmp_path, mutate, message):
@@ -85,7 +94,7 @@ def test_every_validation_error_is_clear(tmp_path, mutate, message):
     assert str(path) in str(err.value)
 
 
-@pytest.mark.parametrize("content, message", [("{\"format\": ", "corrupt or truncated"), ("[1, 2]", "JSON object")])
+@pytest.mark.parametrize("content, message", [('{"format": ', "corrupt or truncated"), ("[1, 2]", "JSON object")])
 def test_corrupt_files(tmp_path, content, message):
     path = tmp_path / "p.json"
     path.write_text(content)

@@ -1,7 +1,6 @@
 """The training-free profiler against a reference computed by hand from the model's eager attention
 probabilities, on a tiny random model; its CLI; and profile v1/v2 round trips."""
 
-import dataclasses
 import json
 
 import pytest
@@ -11,7 +10,7 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.cli.app import app
 from duocal.demo import DEMO_MODEL_DIR
-from duocal.eval.models import load_model, load_tokenizer
+from duocal.models import load_model, load_tokenizer
 from duocal.profiling import ProfilerConfig, profile_model
 from duocal.profiling.profiler import sequences
 from duocal_runtime.profile_measurements import Measurement
@@ -35,8 +34,9 @@ def reference_measures(model, ids, rows, spans, policy_sizes, groups):
         retrieval, kept = [], []
         for g in range(groups):
             heads = range(g * rep, (g + 1) * rep)
-            retrieval.append(sum(float(probs[h, r, s:e].sum()) for h in heads for r, (s, e) in zip(rows, spans))
-                             / (rep * len(rows)))
+            retrieval.append(
+                sum(float(probs[h, r, s:e].sum()) for h in heads for r, (s, e) in zip(rows, spans)) / (rep * len(rows))
+            )
             group_column = sum(column[h] for h in heads)
             total = 0.0
             for r in rows:
@@ -54,8 +54,9 @@ def test_profiler_scores_equal_a_dense_reference_by_hand():
     model = tiny_model("llama")
     tokenizer = load_tokenizer(DEMO_MODEL_DIR)
     model.resize_token_embeddings(max(97, len(tokenizer)), mean_resizing=False)
-    config = ProfilerConfig(format="demo", haystack="synthetic", contexts=(160,), samples=2, num_passkeys=2,
-                            sink=3, recent=20)
+    config = ProfilerConfig(
+        format="demo", haystack="synthetic", contexts=(160,), samples=2, num_passkeys=2, sink=3, recent=20
+    )
     result = profile_model(model, tokenizer, config, "tiny")
     sink_h2o = config.policies()[2]
     want = {"retrieval": 0, "kept": 0}
@@ -76,23 +77,41 @@ def test_profiler_finds_the_demo_models_retrieval_heads_deterministically():
     config = ProfilerConfig(format="demo", num_passkeys=(1, 6), contexts=(512,), samples=4, sink=16, recent=64)
     first, second = (profile_model(model, tokenizer, config) for _ in range(2))
     assert first.scores == second.scores
-    top = dr.planning.streaming_order(first.flat_scores())[::-1][:3]
+    top = dr.planning.bounded_order(first.flat_scores())[::-1][:3]
     assert {(h // 4, h % 4) for h in top} == {(1, 3), (1, 1), (1, 0)}
     assert first.source["kind"] == "profiler" and set(first.measurements) == {
-        "retrieval", "kept:sink_window", "kept:h2o", "kept:sink_h2o"}
+        "retrieval",
+        "kept:sink_window",
+        "kept:h2o",
+        "kept:sink_h2o",
+    }
 
 
-def test_cli_profile_writes_a_version_2_profile_and_refuses_bad_input(tmp_path):
+def test_cli_profile_writes_a_profile_with_measurements_and_refuses_bad_input(tmp_path):
     runner = CliRunner()
     out = tmp_path / "p.json"
     result = runner.invoke(app, ["profile", "--samples", "2", "--contexts", "256", "--output", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert data["version"] == 2 and data["source"]["kind"] == "profiler" and "kept:h2o" in data["measurements"]
+    assert data["version"] == 3 and data["source"]["kind"] == "profiler" and "kept:h2o" in data["measurements"]
     text = tmp_path / "t.txt"
     text.write_text("abc def ghi " * 200)
-    result = runner.invoke(app, ["profile", "--data", "text", "--text", str(text), "--contexts", "256", "--samples", "1",
-                                 "--output", str(tmp_path / "t.json")])
+    result = runner.invoke(
+        app,
+        [
+            "profile",
+            "--data",
+            "text",
+            "--text",
+            str(text),
+            "--contexts",
+            "256",
+            "--samples",
+            "1",
+            "--output",
+            str(tmp_path / "t.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "retrieval" not in json.loads((tmp_path / "t.json").read_text())["measurements"]
     for args in (["--method", "gradient"], ["--data", "text"], ["--contexts", "0"]):
@@ -104,30 +123,50 @@ def test_cli_profile_writes_a_version_2_profile_and_refuses_bad_input(tmp_path):
 def test_cli_profile_scores_from_keeps_the_gates_and_measures_at_the_profiles_window(tmp_path):
     base = dr.load_profile("demo-model")
     moved = tmp_path / "base.json"  # a deploy window unlike the demo model's usual 16 + 64
-    dr.save_profile(dataclasses.replace(base, deploy=dataclasses.replace(base.deploy, sink=8, recent=32)), moved)
+    dr.save_profile(base.with_deploy(dr.SinkWindow(8, 32)), moved)
     out = tmp_path / "merged.json"
-    result = CliRunner().invoke(app, ["profile", "--samples", "2", "--contexts", "256", "--scores-from", str(moved),
-                                      "--output", str(out)])
+    result = CliRunner().invoke(
+        app, ["profile", "--samples", "2", "--contexts", "256", "--scores-from", str(moved), "--output", str(out)]
+    )
     assert result.exit_code == 0, result.output
     merged = dr.load_profile(str(out))
     assert merged.scores == base.scores and merged.source["kind"] == base.source["kind"]
     assert merged.source["measured_by"]["kind"] == "profiler"
-    assert (merged.deploy.sink, merged.deploy.recent) == (8, 32)
+    assert merged.deploy.window == dr.SinkWindow(8, 32)
     window = merged.measurements["kept:sink_window"].settings["policy"]
     assert (window["sink"], window["recent"]) == (8, 32)
 
 
-def test_v1_files_load_and_save_unchanged_and_v2_round_trips(tmp_path):
-    v1 = dr.save_profile(random_profile(), tmp_path / "v1.json")
-    text = v1.read_text()
-    assert json.loads(text)["version"] == 1
-    assert dr.save_profile(dr.load_profile(str(v1)), tmp_path / "again.json").read_text() == text
+def test_v1_files_load_with_their_flat_sizes_and_save_as_v3(tmp_path):
+    old = random_profile().to_dict()
+    old.update(
+        version=1, deploy={"sparsity": 0.25, "policy": "h2o", "sink": 8, "recent": 40, "heavy": 12, "h2o_recent": 20}
+    )
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps(old))
+    loaded = dr.load_profile(str(v1))
+    d = loaded.deploy
+    assert (d.sparsity, d.policy) == (0.25, "h2o")
+    assert (
+        d.window == dr.SinkWindow(8, 40)
+        and d.sized("h2o") == dr.H2O(12, 20)
+        and d.sized("sink_h2o") == dr.SinkH2O(8, 12, 20)
+    )
+    assert dr.plan(loaded).policies == dr.plan(loaded, policy="h2o", heavy=12, recent=20).policies
+    again = dr.save_profile(loaded, tmp_path / "again.json")
+    assert json.loads(again.read_text())["version"] == 3
+    assert dr.load_profile(str(again)) == loaded
     shipped = dr.load_profile("demo-model")
     assert shipped.measurements == {}
-    measured = dr.Profile(shipped.model, shipped.scores, shipped.source, shipped.deploy,
-                          {"kept:sink_window": Measurement(shipped.scores, {"policy": {"policy": "sink_window"}})})
-    path = dr.save_profile(measured, tmp_path / "v2.json")
-    assert json.loads(path.read_text())["version"] == 2
+    measured = dr.Profile(
+        shipped.model,
+        shipped.scores,
+        shipped.source,
+        shipped.deploy,
+        {"kept:sink_window": Measurement(shipped.scores, {"policy": {"policy": "sink_window"}})},
+    )
+    path = dr.save_profile(measured, tmp_path / "v3.json")
+    assert json.loads(path.read_text())["version"] == 3
     assert dr.load_profile(str(path)) == measured
     with pytest.raises(dr.ProfileError, match=r"measurements.kept:sink_window.scores \[0\]\[1\]"):
         bad = json.loads(path.read_text())
@@ -141,8 +180,9 @@ def test_rank_correlation_and_compare_cli(tmp_path):
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0 and spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
     assert spearman([1, 1, 2, 3], [1, 2, 2, 3]) == pytest.approx(0.8333, abs=1e-4)  # ties share mean ranks
     shipped = dr.load_profile("demo-model")
-    flipped = dr.save_profile(dr.Profile(shipped.model, [[1 - s for s in row] for row in shipped.scores]),
-                              tmp_path / "flipped.json")
+    flipped = dr.save_profile(
+        dr.Profile(shipped.model, [[1 - s for s in row] for row in shipped.scores]), tmp_path / "flipped.json"
+    )
     out = CliRunner().invoke(app, ["profiles", "compare", "demo-model", str(flipped), "--top", "3", "--json"])
     assert out.exit_code == 0, out.output
     result = json.loads(out.output)

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
+from test_upstream import write_pattern
 from typer.testing import CliRunner
 
 import duocal_runtime as dr
@@ -29,7 +30,6 @@ from duocal_runtime.upstream import KNOWN_MODELS
 
 from helpers import random_profile
 from http_server import LocalServer, Reply
-from test_upstream import write_pattern
 
 runner = CliRunner()
 COMMIT = "1" * 40
@@ -43,7 +43,11 @@ def _sha(data: bytes) -> str:
 
 def _files(root: Path) -> dict[str, bytes]:
     """Every file under `root` with its bytes (an absent folder has none)."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} if root.exists() else {}
+    return (
+        {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+        if root.exists()
+        else {}
+    )
 
 
 @dataclass
@@ -80,14 +84,30 @@ def _publish(server: LocalServer, tmp_path: Path) -> tuple[list[dict], dict]:
         return {"name": name, "url": ORIGIN + path, "sha256": _sha(data), "size": len(data)}
 
     entries = [
-        {"name": "test/tiny", "model": "test/model", "format": "duocal", "shape": tiny.shape.to_dict(),
-         "files": [file("profile.json", tiny_path, tiny_bytes)]},
-        {"name": "test/pattern", "model": "mistralai/Mistral-7B-Instruct-v0.2", "format": "upstream-duo-attention",
-         "revision": COMMIT, "shape": KNOWN_MODELS["Mistral-7B-Instruct-v0.2"][2].to_dict(),
-         "files": [file(n, pattern_paths[n], pattern_bytes[n]) for n in pattern_paths]},
+        {
+            "name": "test/tiny",
+            "model": "test/model",
+            "format": "duocal",
+            "shape": tiny.shape.to_dict(),
+            "files": [file("profile.json", tiny_path, tiny_bytes)],
+        },
+        {
+            "name": "test/pattern",
+            "model": "mistralai/Mistral-7B-Instruct-v0.2",
+            "format": "upstream-duo-attention",
+            "revision": COMMIT,
+            "shape": KNOWN_MODELS["Mistral-7B-Instruct-v0.2"][2].to_dict(),
+            "files": [file(n, pattern_paths[n], pattern_bytes[n]) for n in pattern_paths],
+        },
     ]
-    return entries, dict(tiny=tiny, tiny_bytes=tiny_bytes, tiny_path=tiny_path, gates=gates,
-                         pattern_paths=pattern_paths, pattern_bytes=pattern_bytes)
+    return entries, dict(
+        tiny=tiny,
+        tiny_bytes=tiny_bytes,
+        tiny_path=tiny_path,
+        gates=gates,
+        pattern_paths=pattern_paths,
+        pattern_bytes=pattern_bytes,
+    )
 
 
 @pytest.fixture
@@ -118,6 +138,7 @@ def _pattern_folder(site: Site) -> Path:
 
 
 # --- the happy path --------------------------------------------------------------------------
+
 
 def test_pull_prints_the_cached_path_last_and_then_serves_from_the_cache(site):
     result = runner.invoke(app, ["profiles", "pull", "test/tiny"])
@@ -172,6 +193,7 @@ def test_list_shows_the_index_and_what_is_cached(site):
 
 
 # --- failures: clear error, bounded time, retries where sensible, cache untouched -------------
+
 
 def test_checksum_mismatch_names_both_hashes_and_caches_nothing(site):
     wrong = site.tiny_bytes.replace(b"0.", b"0.1", 1)
@@ -236,6 +258,7 @@ def test_bad_timeout_settings_are_reported(monkeypatch):
 
 # --- concurrency and corruption --------------------------------------------------------------
 
+
 def test_two_pulls_at_once_leave_one_valid_file(site):
     site.server.hold_until(2)  # each request waits for the other: the downloads really overlap
     results, errors = [], []
@@ -278,6 +301,7 @@ def test_a_corrupted_cached_file_is_detected_and_fetched_again(site, damaged):
 
 # --- offline and force -----------------------------------------------------------------------
 
+
 def test_offline_uses_only_the_cache_and_says_how_to_fill_it(site, monkeypatch):
     with pytest.raises(dr.ProfileError, match="not in the cache.*offline mode is on.*duocal profiles pull test/tiny"):
         pull("test/tiny", offline=True)
@@ -304,6 +328,7 @@ def test_an_unknown_name_fails_with_suggestions(site):
 
 
 # --- the six real upstream patterns, through the real index ----------------------------------
+
 
 def test_all_six_upstream_patterns_pull_through_the_index_via_mirror(upstream_patterns, quiet_env, monkeypatch):
     index = load_index()  # the shipped one: DUOCAL_INDEX is unset

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matplotlib.image import imread
+from test_upstream import write_pattern
 from typer.testing import CliRunner
 
 import duocal_runtime as dr
@@ -28,7 +29,6 @@ from duocal_runtime.fetching.pull import pull
 from fake_hub import FakeHub
 from helpers import random_profile
 from http_server import LocalServer
-from test_upstream import write_pattern
 
 runner = CliRunner()
 
@@ -57,7 +57,9 @@ def upstream_profile(tmp_path) -> Path:
 
 def test_push_creates_the_repo_and_uploads_profile_card_and_heatmap(hub, upstream_profile):
     fake, _ = hub
-    result = runner.invoke(app, ["profiles", "push", str(upstream_profile), "hf://me/mistral-duo", "--token", "hf_test"])
+    result = runner.invoke(
+        app, ["profiles", "push", str(upstream_profile), "hf://me/mistral-duo", "--token", "hf_test"]
+    )
     assert result.exit_code == 0, result.output
     assert fake.created[0]["name"] == "mistral-duo" and fake.created[0]["organization"] == "me"
     assert "Bearer hf_test" in fake.auth
@@ -70,7 +72,10 @@ def test_push_creates_the_repo_and_uploads_profile_card_and_heatmap(hub, upstrea
     assert "| `training.sink_size` | 128 |" in card and "| `training.lr` | 0.02 |" in card
     assert "duocal profiles pull hf://me/mistral-duo" in card
     assert files["scores.png"].startswith(b"\x89PNG\r\n\x1a\n")
-    assert result.stdout.strip().splitlines()[-1] == f"{fake.base_url}/me/mistral-duo/commit/{fake.branches['me/mistral-duo']}"
+    assert (
+        result.stdout.strip().splitlines()[-1]
+        == f"{fake.base_url}/me/mistral-duo/commit/{fake.branches['me/mistral-duo']}"
+    )
 
 
 def test_a_pushed_profile_pulls_back_through_the_hub_and_then_offline(hub, upstream_profile, monkeypatch):
@@ -95,7 +100,9 @@ def test_a_pushed_profile_pulls_back_through_the_hub_and_then_offline(hub, upstr
 def test_an_upstream_pattern_on_the_hub_is_converted(hub, tmp_path):
     fake, _ = hub
     folder = write_pattern(tmp_path / "pat", np.full((32, 8), 0.25))
-    fake.add_commit("lab/patterns", {f"mistral/{n}": (folder / n).read_bytes() for n in ("full_attention_heads.tsv", "config.json")})
+    fake.add_commit(
+        "lab/patterns", {f"mistral/{n}": (folder / n).read_bytes() for n in ("full_attention_heads.tsv", "config.json")}
+    )
     pulled = pull("hf://lab/patterns/mistral/full_attention_heads.tsv")
     assert pulled.profile.shape.num_key_value_heads == 8 and pulled.profile.scores[0][0] == 0.25
 
@@ -118,9 +125,20 @@ def test_an_index_entry_can_pin_a_hub_file(hub, tmp_path, monkeypatch):
     profile = random_profile(layers=2, kv_heads=2)
     data = dr.save_profile(profile, tmp_path / "p.json").read_bytes()
     commit = fake.add_commit("me/tiny", {"profile.json": data})
-    entry = {"name": "hub/tiny", "model": "test/model", "format": "duocal", "shape": profile.shape.to_dict(),
-             "files": [{"name": "profile.json", "url": f"hf://me/tiny/profile.json@{commit}",
-                        "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}]}
+    entry = {
+        "name": "hub/tiny",
+        "model": "test/model",
+        "format": "duocal",
+        "shape": profile.shape.to_dict(),
+        "files": [
+            {
+                "name": "profile.json",
+                "url": f"hf://me/tiny/profile.json@{commit}",
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+            }
+        ],
+    }
     (tmp_path / "index.json").write_text(json.dumps({"format": "duocal.index", "version": 1, "profiles": [entry]}))
     monkeypatch.setenv("DUOCAL_INDEX", str(tmp_path / "index.json"))
     assert dr.load_profile("hub/tiny").scores == profile.scores
@@ -128,6 +146,7 @@ def test_an_index_entry_can_pin_a_hub_file(hub, tmp_path, monkeypatch):
 
 
 # --- the card and the heatmap on their own ---------------------------------------------------
+
 
 def test_the_card_names_a_base_model_only_for_hub_ids():
     assert "base_model: test/model" in render_card(random_profile(), HubRef("me/r"))

@@ -13,8 +13,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal.eval import PasskeyEvalConfig, PerplexityConfig, evaluate_passkey, evaluate_perplexity
-from duocal.eval.models import load_model, load_tokenizer
-from duocal.models import KNOWN_MODELS, fetch_model
+from duocal.models import KNOWN_MODELS, fetch_model, load_model, load_tokenizer
 
 NAME = "smollm2-135m-instruct"
 TEXT = resources.files("duocal") / "assets" / "texts" / "gpl-3.0.txt"
@@ -24,8 +23,11 @@ TEXT = resources.files("duocal") / "assets" / "texts" / "gpl-3.0.txt"
 def smollm2():
     torch.set_num_threads(2)  # a 135M model at 2k tokens gains from both cores
     folder = fetch_model(NAME)
-    yield load_model(folder), load_tokenizer(folder), dr.load_profile(
-        str(resources.files("duocal_runtime.prebuilt") / KNOWN_MODELS[NAME].profile))
+    yield (
+        load_model(folder),
+        load_tokenizer(folder),
+        dr.load_profile(str(resources.files("duocal_runtime.prebuilt") / KNOWN_MODELS[NAME].profile)),
+    )
     torch.set_num_threads(1)
 
 
@@ -34,16 +36,24 @@ def test_shipped_profile_fits_and_ranks_heads(smollm2):
     model, _, profile = smollm2
     profile.check_compatible(model.config)
     assert profile.shape == dr.ModelShape(30, 9, 3, 64)
-    assert profile.source["kind"] == "calibration" and profile.deploy.sink == 64 and profile.deploy.recent == 512
+    assert profile.source["kind"] == "calibration" and profile.deploy.window == dr.SinkWindow(64, 512)
 
 
 @pytest.mark.slow
 def test_duo_keeps_single_passkey_retrieval_where_streaming_and_random_heads_lose_it(smollm2):
     model, tokenizer, profile = smollm2
-    config = PasskeyEvalConfig(policies=("full", "duo", "streaming", "random"), sparsities=(0.5,), contexts=(2048,),
-                               samples=6, random_seeds=1, format="digits", num_passkeys=1, haystack="repeated",
-                               batch_size=6)
-    em = {r.policy: r.exact_match for r in evaluate_passkey(model, tokenizer, config, profile=profile)}
+    config = PasskeyEvalConfig(
+        rows=("full", "duo", "streaming", "random"),
+        sparsities=(0.5,),
+        contexts=(2048,),
+        samples=6,
+        random_seeds=1,
+        format="digits",
+        num_passkeys=1,
+        haystack="repeated",
+        batch_size=6,
+    )
+    em = {r.row: r.exact_match for r in evaluate_passkey(model, tokenizer, config, profile=profile)}
     assert em["full"] >= 5 / 6
     assert em["duo"] >= em["full"] - 1 / 6
     assert em["streaming"] <= em["full"] - 0.5
@@ -54,9 +64,10 @@ def test_duo_keeps_single_passkey_retrieval_where_streaming_and_random_heads_los
 def test_duo_perplexity_costs_a_few_percent_where_streaming_costs_more(smollm2):
     """Measured at 2k: full 20.03, duo 50% 20.43 (+2.0%), streaming 21.17; README: +2.6% at 4k."""
     model, tokenizer, profile = smollm2
-    config = PerplexityConfig(policies=("full", "duo", "streaming"), sparsities=(0.5,), context=2048, scored=1024,
-                              chunk=256, windows=1)
-    rows = {r.policy: r for r in evaluate_perplexity(model, tokenizer, TEXT.read_text(), config, profile=profile)}
+    config = PerplexityConfig(
+        rows=("full", "duo", "streaming"), sparsities=(0.5,), context=2048, scored=1024, chunk=256, windows=1
+    )
+    rows = {r.row: r for r in evaluate_perplexity(model, tokenizer, TEXT.read_text(), config, profile=profile)}
     assert rows["full"].ppl < rows["duo"].ppl <= 1.03 * rows["full"].ppl
     assert rows["streaming"].ppl > rows["duo"].ppl
 

@@ -3,16 +3,14 @@ retrieves like full attention and streaming only them destroys retrieval."""
 
 import pytest
 import torch
-
-import duocal_runtime as dr
-from duocal.demo import DEMO_MODEL_DIR
-from duocal.eval import models
-from duocal.eval import passkey as pk
-from duocal.eval.passkey import PasskeyEvalConfig
-from duocal.eval.retrieval_heads import flat_indices, needle_attention, needle_mass, top_heads
-
 from test_eval_passkey import tiny_model_dir  # noqa: F401 (fixture)
 
+import duocal_runtime as dr
+from duocal import models
+from duocal.demo import DEMO_MODEL_DIR
+from duocal.eval import passkey_retrieval as pk
+from duocal.eval.passkey_retrieval import PasskeyEvalConfig
+from duocal.eval.retrieval_heads import flat_indices, needle_attention, needle_mass, top_heads
 
 
 def test_needle_mass_sums_each_group():
@@ -61,15 +59,18 @@ def test_demo_retrieval_heads_carry_retrieval():
     everything = set(range(shape.num_kv_heads_total))
     window = dr.SinkWindow(sink=16, recent=64)
     top_two = flat_indices(heads[:2], shape.num_key_value_heads)  # the issue's "14/16 streaming heads"
-    plans = {"keep": dr.plan_from_streaming_set(shape, everything - chosen, window),
-             "keep_top2": dr.plan_from_streaming_set(shape, everything - top_two, window),
-             "inverse": dr.plan_from_streaming_set(shape, chosen, window)}
-    config = PasskeyEvalConfig(policies=("full", "streaming"), contexts=(1024,), samples=24, sink=16, recent=64,
-                               batch_size=12)
-    rows = {r.policy: r for r in pk.evaluate_passkey(model, tokenizer, config, plans=plans)}
+    plans = {
+        "keep": dr.plan_from_bounded_set(shape, everything - chosen, window),
+        "keep_top2": dr.plan_from_bounded_set(shape, everything - top_two, window),
+        "inverse": dr.plan_from_bounded_set(shape, chosen, window),
+    }
+    config = PasskeyEvalConfig(
+        rows=("full", "streaming"), contexts=(1024,), samples=24, sink=16, recent=64, batch_size=12
+    )
+    rows = {r.row: r for r in pk.evaluate_passkey(model, tokenizer, config, plans=plans)}
     assert rows["full"].exact_match >= 0.9
     assert rows["keep"].exact_match >= rows["full"].exact_match - 0.15
-    assert rows["keep_top2"].streaming_heads == 14
+    assert rows["keep_top2"].bounded_heads == 14
     assert rows["keep_top2"].exact_match >= rows["full"].exact_match - 0.15
     assert rows["inverse"].exact_match <= 0.3 and rows["streaming"].exact_match <= 0.3
     assert rows["keep"].kv_bytes < 0.5 * rows["full"].kv_bytes

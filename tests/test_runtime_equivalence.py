@@ -20,8 +20,15 @@ def all_full(model) -> dr.Plan:
 
 
 def greedy(model, ids, mask, cache=None, steps=12):
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
-                         cache=cache, output_logits=True, return_dict_in_generate=True)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=steps,
+        do_sample=False,
+        cache=cache,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     return out.sequences, torch.stack(out.logits)
 
 
@@ -67,7 +74,7 @@ def test_bf16_all_full_and_mixed():
         model.set_attn_implementation("sdpa")
     # bf16 rounding differs from the float64 reference, so a near-tied argmax may flip; until the
     # first step where a row's token differs both runs saw the same history: logits must agree
-    same = (tokens[:, ids.shape[1]:] == reference[:, ids.shape[1]:]).long().cumprod(1)  # [B, steps]
+    same = (tokens[:, ids.shape[1] :] == reference[:, ids.shape[1] :]).long().cumprod(1)  # [B, steps]
     compared = torch.cat([torch.ones_like(same[:, :1]), same[:, :-1]], 1).bool().T  # [steps, B]
     assert compared.sum() >= 4
     torch.testing.assert_close(logits.float()[compared], ref_logits.float()[compared], rtol=0, atol=0.15)
@@ -132,9 +139,17 @@ def test_unsupported_models_and_shapes_are_clear_errors():
     shape = dr.ModelShape(1, 2, 2, 16)
     with pytest.raises(ValueError, match="does not support model type 'gpt2'"):
         dr.apply(gpt2, dr.uniform_plan(shape, dr.Full()))
-    windowed = MistralForCausalLM(MistralConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
-                                                num_key_value_heads=2, intermediate_size=32, vocab_size=50,
-                                                sliding_window=16))
+    windowed = MistralForCausalLM(
+        MistralConfig(
+            num_hidden_layers=1,
+            hidden_size=32,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            intermediate_size=32,
+            vocab_size=50,
+            sliding_window=16,
+        )
+    )
     with pytest.raises(ValueError, match="sliding-window"):
         dr.apply(windowed, dr.uniform_plan(shape, dr.Full()))
     model = tiny_model("llama")

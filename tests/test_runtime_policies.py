@@ -17,8 +17,15 @@ MIXED = [
 
 
 def run(model, ids, mask, cache, steps):
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False,
-                         cache=cache, output_logits=True, return_dict_in_generate=True)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=steps,
+        do_sample=False,
+        cache=cache,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     return out.sequences, torch.stack(out.logits)
 
 
@@ -123,7 +130,7 @@ def test_left_padded_batch_equals_rows_run_alone(family):
         batch, _ = run(model, ids, mask, runtime.new_cache(), 14)
         for row, n in enumerate(lengths):
             alone, _ = run(model, ids[row : row + 1, -n:], None, runtime.new_cache(), 14)
-            assert torch.equal(alone[0, n:], batch[row, ids.shape[1]:])
+            assert torch.equal(alone[0, n:], batch[row, ids.shape[1] :])
 
 
 def test_follow_up_turn_on_a_reused_cache():
@@ -155,8 +162,14 @@ def test_chunked_prefill_same_output_and_bounded_h2o():
     torch.testing.assert_close(chunked[real], whole[real], rtol=0, atol=1e-5)
     with dr.apply(model, plan) as runtime:  # transformers' own chunked prefill: successive forward passes
         one_pass, _ = run(model, ids, mask, runtime.new_cache(), 6)
-        hf_chunks = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                   cache=runtime.new_cache(), prefill_chunk_size=9)
+        hf_chunks = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=6,
+            do_sample=False,
+            cache=runtime.new_cache(),
+            prefill_chunk_size=9,
+        )
     assert torch.equal(one_pass, hf_chunks)
     h2o = dr.uniform_plan(shape, dr.H2O(4, 4))
     with dr.apply(model, h2o, prefill_chunk_size=8) as runtime:

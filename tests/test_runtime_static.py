@@ -26,8 +26,16 @@ def mixed_plan(model) -> dr.Plan:
 
 
 def greedy(model, ids, mask, cache, steps=16, **kwargs):
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, do_sample=False, cache=cache,
-                         output_logits=True, return_dict_in_generate=True, **kwargs)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=steps,
+        do_sample=False,
+        cache=cache,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
     return out.sequences, torch.stack(out.logits)
 
 

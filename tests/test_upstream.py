@@ -10,8 +10,18 @@ from duocal_runtime.upstream import KNOWN_MODELS
 def write_pattern(folder, gates, model_name="models/Mistral-7B-Instruct-v0.2"):
     folder.mkdir(parents=True, exist_ok=True)
     np.savetxt(folder / "full_attention_heads.tsv", np.array(gates), delimiter="\t")  # upstream: %.18e, tabs
-    (folder / "config.json").write_text(json.dumps({"model_name": model_name, "sink_size": 128, "recent_size": 256,
-                                                    "lr": 0.02, "reg_weight": 0.05, "exp_name": "x"}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_name": model_name,
+                "sink_size": 128,
+                "recent_size": 256,
+                "lr": 0.02,
+                "reg_weight": 0.05,
+                "exp_name": "x",
+            }
+        )
+    )
     return folder
 
 
@@ -28,7 +38,7 @@ def test_import_clips_and_records_provenance(tmp_path):
     assert profile.model.name_or_path == "mistralai/Mistral-7B-Instruct-v0.2"
     assert profile.source["kind"] == "upstream" and profile.source["commit"] == "abc"
     assert profile.source["training"]["sink_size"] == 128 and profile.source["training"]["recent_size"] == 256
-    assert (profile.deploy.sink, profile.deploy.recent) == (64, 256)
+    assert profile.deploy.window == dr.SinkWindow(64, 256)
 
 
 def test_unknown_model_needs_config(tmp_path):
@@ -37,9 +47,18 @@ def test_unknown_model_needs_config(tmp_path):
         dr.import_upstream(folder)
     config = tmp_path / "cfg"
     config.mkdir()
-    (config / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
-                                                    "num_attention_heads": 4, "num_key_value_heads": 2,
-                                                    "architectures": ["LlamaForCausalLM"]}))
+    (config / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "hidden_size": 32,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "architectures": ["LlamaForCausalLM"],
+            }
+        )
+    )
     profile = dr.import_upstream(folder, model_config=config)
     assert profile.shape == dr.ModelShape(2, 4, 2, 8)
     wrong = write_pattern(tmp_path / "wrong", np.full((3, 2), 0.5), model_name="models/MyModel")
@@ -77,7 +96,7 @@ def test_published_patterns(upstream_patterns, name):
     assert profile.source["tsv_sha256"] == sums[f"{name}/full_attention_heads.tsv"]
     for sparsity in (0.25, 0.5, 0.75):
         plan = dr.plan(profile, sparsity=sparsity)
-        assert plan.num_streaming == round(sparsity * 32 * kv)
+        assert plan.num_bounded == round(sparsity * 32 * kv)
         assert plan == dr.plan(dr.import_upstream(folder), sparsity=sparsity)
 
 
@@ -86,4 +105,4 @@ def test_mistral_v02_ties_are_resolved(upstream_patterns):
     flat = np.array(profile.flat_scores())
     threshold = np.quantile(flat, 0.5)
     assert (flat == threshold).sum() > 1  # the ties upstream breaks with random noise
-    assert dr.plan(profile, sparsity=0.5).num_streaming == 128
+    assert dr.plan(profile, sparsity=0.5).num_bounded == 128

@@ -31,8 +31,9 @@ class MicroBatch:
     tokens: int  # real (unpadded) tokens in this micro-batch on this process
 
     def to(self, device) -> MicroBatch:
-        return MicroBatch(self.input_ids.to(device), self.position_ids.to(device), self.positions.to(device),
-                          self.scale, self.tokens)
+        return MicroBatch(
+            self.input_ids.to(device), self.position_ids.to(device), self.positions.to(device), self.scale, self.tokens
+        )
 
 
 def make_haystack(spec: Any, text_field: str = "text"):
@@ -43,7 +44,9 @@ def make_haystack(spec: Any, text_field: str = "text"):
         spec = dict(spec)
         name = spec.pop("dataset", None)
         if name is None:
-            raise ValueError("data.haystack as a mapping needs 'dataset' (datasets.load_dataset's first argument) or 'filler'")
+            raise ValueError(
+                "data.haystack as a mapping needs 'dataset' (datasets.load_dataset's first argument) or 'filler'"
+            )
         import datasets
 
         split = spec.pop("split", "train")
@@ -95,7 +98,8 @@ class StepData:
         per_process = self.batch_size if self.sequence_parallel else self.batch_size // self.world_size
         if per_process * (1 if self.sequence_parallel else self.world_size) != self.batch_size or per_process < 1:
             raise ValueError(
-                f"train.batch_size ({self.batch_size}) must be a multiple of the number of processes ({self.world_size})"
+                f"train.batch_size ({self.batch_size}) must be a multiple of the number of processes "
+                f"({self.world_size})"
             )
         if per_process % self.micro_batch_size:
             raise ValueError(

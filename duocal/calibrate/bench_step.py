@@ -27,8 +27,8 @@ from rich.table import Table
 
 from duocal.calibrate import engine as ds
 from duocal.calibrate.batches import StepData
-from duocal.calibrate.recipe import load_recipe
 from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
+from duocal.calibrate.recipe import load_recipe
 
 
 def median_seconds(fn, repeat: int, warmup: int = 1) -> float:
@@ -45,8 +45,16 @@ def median_seconds(fn, repeat: int, warmup: int = 1) -> float:
 def bench(model_name: str, contexts: list[int], repeat: int, sink: int, recent: int, block: int) -> list[dict]:
     rows = []
     for context in contexts:
-        recipe = load_recipe(None, [f"model.name_or_path={model_name}", f"data.context={context}",
-                                    f"attention.sink={sink}", f"attention.recent={recent}", f"attention.block={block}"])
+        recipe = load_recipe(
+            None,
+            [
+                f"model.name_or_path={model_name}",
+                f"data.context={context}",
+                f"attention.sink={sink}",
+                f"attention.recent={recent}",
+                f"attention.block={block}",
+            ],
+        )
         checked = check_recipe(recipe)
         data = StepData(checked.generator, checked.pad_id, 1, 1)
         micro = data.micro_batches(0, 0)[0]
@@ -64,14 +72,23 @@ def bench(model_name: str, contexts: list[int], repeat: int, sink: int, recent: 
             model.zero_grad(set_to_none=True)
             model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state.pow(2).mean().backward()
 
-        times = {"plain fwd+bwd (LM)": median_seconds(plain_lm, repeat),
-                 "plain fwd+bwd (decoder)": median_seconds(plain_decoder, repeat)}
+        times = {
+            "plain fwd+bwd (LM)": median_seconds(plain_lm, repeat),
+            "plain fwd+bwd (decoder)": median_seconds(plain_decoder, repeat),
+        }
         with calibration_attention(model):
             times.update(calibration_times(recipe, model, micro, repeat))
         base = times["plain fwd+bwd (LM)"]
         for name, seconds in times.items():
-            rows.append({"context": context, "tokens": int(ids.numel()), "what": name, "seconds": round(seconds, 5),
-                         "ratio": round(seconds / base, 3)})
+            rows.append(
+                {
+                    "context": context,
+                    "tokens": int(ids.numel()),
+                    "what": name,
+                    "seconds": round(seconds, 5),
+                    "ratio": round(seconds / base, 3),
+                }
+            )
     return rows
 
 
@@ -99,8 +116,11 @@ def calibration_times(recipe, model, micro, repeat: int) -> dict[str, float]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m duocal.calibrate.bench_step", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m duocal.calibrate.bench_step",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", default="demo")
     parser.add_argument("--contexts", default="1024,4096")
     parser.add_argument("--repeat", type=int, default=5)
@@ -111,7 +131,9 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = bench(args.model, [int(c) for c in args.contexts.split(",")], args.repeat, args.sink, args.recent, args.block)
+    rows = bench(
+        args.model, [int(c) for c in args.contexts.split(",")], args.repeat, args.sink, args.recent, args.block
+    )
     table = Table(title=f"calibration step vs plain forward+backward ({args.model}, {args.threads} thread)")
     for column in ("context", "tokens", "what", "ms", "x plain (LM)"):
         table.add_column(column, justify="left" if column == "what" else "right")
@@ -120,8 +142,20 @@ def main(argv=None) -> None:
     Console().print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"model": args.model, "threads": args.threads, "sink": args.sink,
-                                         "recent": args.recent, "block": args.block, "rows": rows}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "threads": args.threads,
+                    "sink": args.sink,
+                    "recent": args.recent,
+                    "block": args.block,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -34,12 +34,18 @@ def latest(output: Path) -> dict | None:
         info = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ValueError(f"{damaged} (not JSON); {advice}") from None
-    if (not isinstance(info, dict) or not isinstance(info.get("tag"), str)
-            or isinstance(info.get("step"), bool) or not isinstance(info.get("step"), int) or info["step"] < 0):
-        raise ValueError(f"{damaged} (expected {{\"tag\": ..., \"step\": N}}); {advice}")
+    if (
+        not isinstance(info, dict)
+        or not isinstance(info.get("tag"), str)
+        or isinstance(info.get("step"), bool)
+        or not isinstance(info.get("step"), int)
+        or info["step"] < 0
+    ):
+        raise ValueError(f'{damaged} (expected {{"tag": ..., "step": N}}); {advice}')
     if "/" in info["tag"] or not (checkpoint_dir(output) / info["tag"]).is_dir():
-        raise ValueError(f"{damaged}: it names checkpoint {info['tag']!r}, which is not in {checkpoint_dir(output)}; "
-                         f"{advice}")
+        raise ValueError(
+            f"{damaged}: it names checkpoint {info['tag']!r}, which is not in {checkpoint_dir(output)}; {advice}"
+        )
     return info
 
 
@@ -49,8 +55,9 @@ def save(engine, output: Path, step: int, keep: int = 1) -> None:
 
     root = checkpoint_dir(output)
     tag = f"step_{step:06d}"
-    engine.save_checkpoint(str(root), tag=tag, client_state={"step": step}, save_latest=False,
-                           exclude_frozen_parameters=True)
+    engine.save_checkpoint(
+        str(root), tag=tag, client_state={"step": step}, save_latest=False, exclude_frozen_parameters=True
+    )
     dist.barrier()
     if dist.get_rank() == 0:
         write_atomic(root / LATEST, json.dumps({"tag": tag, "step": step}) + "\n")
@@ -67,11 +74,18 @@ def load(engine, output: Path) -> int:
     if info is None:
         return 0
     try:
-        path, state = engine.load_checkpoint(str(checkpoint_dir(output)), tag=info["tag"], load_module_strict=False,
-                                             load_optimizer_states=True, load_lr_scheduler_states=False)
+        path, state = engine.load_checkpoint(
+            str(checkpoint_dir(output)),
+            tag=info["tag"],
+            load_module_strict=False,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=False,
+        )
     except (RuntimeError, OSError, EOFError, KeyError, ValueError) as err:  # truncated or foreign .pt files
-        raise ValueError(f"checkpoint {info['tag']} in {checkpoint_dir(output)} is damaged ({type(err).__name__}: "
-                         f"{str(err)[:120]}); delete that checkpoint folder and latest.json to restart") from None
+        raise ValueError(
+            f"checkpoint {info['tag']} in {checkpoint_dir(output)} is damaged ({type(err).__name__}: "
+            f"{str(err)[:120]}); delete that checkpoint folder and latest.json to restart"
+        ) from None
     if path is None or not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"checkpoint {info['tag']} in {checkpoint_dir(output)} could not be loaded")
     return int(state["step"])

@@ -14,12 +14,28 @@ import contextlib
 import json
 import os
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 ENV_DEFAULTS = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """Where this process runs in a calibration: its rank among `world` processes, its device, and
+    whether the ranks split each sequence (Ulysses) instead of the batch."""
+
+    rank: int = 0
+    world: int = 1
+    sequence_parallel: bool = False
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
 
 
 def free_port() -> int:
@@ -70,7 +86,9 @@ def shutdown() -> None:
         ds_comm.destroy_process_group()
 
 
-def deepspeed_config(section, micro_batch: int, accumulation: int, world: int, dtype: str, gates: int) -> dict[str, Any]:
+def deepspeed_config(
+    section, micro_batch: int, accumulation: int, world: int, dtype: str, gates: int
+) -> dict[str, Any]:
     """The recipe's DeepSpeed config (file, if any) with batch sizes and ZeRO stage set from the recipe."""
     config: dict[str, Any] = {}
     if section.config:
@@ -82,7 +100,7 @@ def deepspeed_config(section, micro_batch: int, accumulation: int, world: int, d
     config["gradient_accumulation_steps"] = accumulation
     config["train_batch_size"] = micro_batch * accumulation * world
     config.pop("optimizer", None)  # the client torch AdamW (no fused_adam build)
-    config.pop("scheduler", None)  # duocal.calibrate.schedule sets the lr every step
+    config.pop("scheduler", None)  # run.lr_factor sets the lr every step
     zero = dict(config.get("zero_optimization") or {})
     zero["stage"] = section.zero_stage
     if section.zero_stage == 3:

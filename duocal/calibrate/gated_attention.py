@@ -21,7 +21,7 @@ to every attention call. Nothing is patched and nothing is global.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +63,9 @@ def mix(gates: torch.Tensor, full: torch.Tensor, streaming: torch.Tensor) -> tor
 def local_attention(gating: Gating, layer: int, scaling: float, q, k, v, kv_offset: int = 0) -> torch.Tensor:
     """q [B, H, T, D], k/v [B, G, T, D] (a slice of heads starting at KV head `kv_offset`) -> [B, H, T, D]."""
     if gating.gates is None:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=k.shape[1] != q.shape[1])
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=scaling, enable_gqa=k.shape[1] != q.shape[1]
+        )
         gating.teacher[layer] = out
         return out
     if layer not in gating.teacher:
@@ -84,7 +86,10 @@ def attend_gated(module, query, key, value, attention_mask, scaling=None, dropou
     if attention_mask is not None:
         raise ValueError("duocal calibrate runs unpadded (right-padded, mask-free) batches; do not pass attention_mask")
     scale = scaling if scaling is not None else module.scaling
-    attend: Callable = lambda q, k, v, kv_offset=0: local_attention(gating, module.layer_idx, scale, q, k, v, kv_offset)
+
+    def attend(q, k, v, kv_offset=0):
+        return local_attention(gating, module.layer_idx, scale, q, k, v, kv_offset)
+
     if gating.sequence_parallel is not None:
         return gating.sequence_parallel.attend(attend, query, key, value), None
     return attend(query, key, value).transpose(1, 2), None

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from duocal.calibrate.checkpoint import latest
 from duocal.calibrate.engine import free_port
+from duocal.calibrate.model import check_recipe
 from duocal.calibrate.recipe import Recipe, load_recipe, load_resolved, save_resolved
 from duocal.calibrate.run import calibrate
-from duocal.calibrate.model import check_recipe
 
 LAUNCHERS = ("torchrun", "deepspeed")
 CONFIG = "config.yaml"
@@ -33,8 +33,9 @@ def _comparable(recipe: Recipe) -> dict:
     return data
 
 
-def prepare(recipe_arg: str | None, overrides: list[str], output: str | Path, nproc: int = 1,
-            resume: bool = False) -> Recipe:
+def prepare(
+    recipe_arg: str | None, overrides: list[str], output: str | Path, nproc: int = 1, resume: bool = False
+) -> Recipe:
     """Resolve and validate the recipe, check `output`, write `output/config.yaml`. No training yet."""
     output = Path(output)
     saved = output / CONFIG
@@ -54,7 +55,9 @@ def prepare(recipe_arg: str | None, overrides: list[str], output: str | Path, np
         latest(output)  # a damaged latest.json is reported now, not after the model loads
         ran_with = _saved_nproc(saved)
         if ran_with is not None and ran_with != nproc:
-            raise ValueError(f"the run in {output} used --nproc {ran_with}; resume it with the same number of processes")
+            raise ValueError(
+                f"the run in {output} used --nproc {ran_with}; resume it with the same number of processes"
+            )
     else:
         recipe = load_recipe(recipe_arg, overrides)
         if latest(output) is not None or (output / "profile.json").exists():
@@ -76,16 +79,40 @@ def worker_command(output: Path, nproc: int, resume: bool, launcher: str) -> lis
     target = ["duocal.calibrate.run", str(output / CONFIG), "--output", str(output)] + (["--resume"] if resume else [])
     port = str(free_port())
     if launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", port,
-                "-m", *target]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_port",
+            port,
+            "-m",
+            *target,
+        ]
     if launcher == "deepspeed":
-        return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc), "--master_port", port,
-                "--module", *target]
+        return [
+            sys.executable,
+            "-m",
+            "deepspeed.launcher.runner",
+            "--num_gpus",
+            str(nproc),
+            "--master_port",
+            port,
+            "--module",
+            *target,
+        ]
     raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
 
 
-def launch(recipe_arg: str | None, overrides: list[str], output: str | Path, nproc: int = 1, resume: bool = False,
-           launcher: str = "torchrun") -> Path:
+def launch(
+    recipe_arg: str | None,
+    overrides: list[str],
+    output: str | Path,
+    nproc: int = 1,
+    resume: bool = False,
+    launcher: str = "torchrun",
+) -> Path:
     """Calibrate; returns the path of the profile written (`output/profile.json`)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")

@@ -20,25 +20,26 @@ from duocal.calibrate.gates import Gates
 from duocal.calibrate.objective import GateObjective
 from duocal.calibrate.recipe import Recipe
 from duocal.data.padding import pad_token_id
-from duocal.demo import DEMO_MODEL_DIR
-from duocal.models import resolve_model
+from duocal.models import ModelRef
 from duocal_runtime.hf_compat import check_model_supported
 
-DEMO_NAME = "duocal/demo-model"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def model_ref(recipe: Recipe) -> ModelRef:
+    """The recipe's model: `demo` (the bundled demo model), a known name (fetched into the cache
+    once), a local folder, a .gguf file or a Hub id (see duocal.models)."""
+    name = recipe.model.name_or_path
+    return ModelRef.resolve(None if name == "demo" else name)
+
+
 def model_path(recipe: Recipe) -> str:
-    """The folder (or Hub id) of the recipe's model: `demo`, a known name (fetched into the cache
-    once), a local folder or a .gguf file (see duocal.models)."""
-    if recipe.model.name_or_path == "demo":
-        return str(DEMO_MODEL_DIR)
-    return resolve_model(recipe.model.name_or_path)
+    return model_ref(recipe).path
 
 
 def model_name(recipe: Recipe) -> str:
     """The name a profile records: never a machine-specific path for the shipped demo model."""
-    return DEMO_NAME if recipe.model.name_or_path == "demo" else recipe.model.name_or_path
+    return model_ref(recipe).name
 
 
 def load_config_and_tokenizer(recipe: Recipe):
@@ -80,8 +81,9 @@ def check_recipe(recipe: Recipe, nproc: int = 1) -> Checked:
         if sp != nproc:
             raise ValueError(f"deepspeed.sequence_parallel={sp} must equal the number of processes (--nproc {nproc})")
         if shape.num_key_value_heads % sp:
-            raise ValueError(f"deepspeed.sequence_parallel={sp} must divide the model's {shape.num_key_value_heads} "
-                             "KV heads")
+            raise ValueError(
+                f"deepspeed.sequence_parallel={sp} must divide the model's {shape.num_key_value_heads} KV heads"
+            )
     StepData(None, 0, recipe.train.batch_size, recipe.train.micro_batch_size, nproc, sp > 1)  # batch arithmetic
     generator = make_generator(recipe.data, tokenizer)  # raises if the passkeys do not fit the context
     return Checked(config, tokenizer, generator)
@@ -89,8 +91,9 @@ def check_recipe(recipe: Recipe, nproc: int = 1) -> Checked:
 
 def load_frozen_model(recipe: Recipe):
     """The recipe's model in its dtype, in eval mode (calibration never trains its weights)."""
-    model = AutoModelForCausalLM.from_pretrained(model_path(recipe), revision=recipe.model.revision,
-                                                 dtype=DTYPES[recipe.model.dtype])
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path(recipe), revision=recipe.model.revision, dtype=DTYPES[recipe.model.dtype]
+    )
     return model.eval()
 
 

@@ -1,5 +1,12 @@
 """The module DeepSpeed wraps: frozen model + gates, forward = teacher pass, student pass, loss.
 
+Losses (DuoAttention, arXiv 2410.10819 §3.2, eq. 2-3): distill is the squared distance between
+the teacher's and the student's final hidden states, averaged over the hidden dimension, summed
+over the positions that predict answer tokens and divided by their number in the whole global
+batch (upstream divides by the global label count the same way, so data-parallel,
+gradient-accumulated and sequence-parallel runs give the same gradient); reg is mean |gate|
+(upstream `l1_loss`), weighted by `reg` in the total.
+
 Everything that touches the gates happens inside `forward` (reading them, the L1 term): under
 ZeRO-3 a gate-dependent term computed outside the engine's forward fails in backward
 ("AbsBackward0 returned an invalid gradient"), see shared/platform-facts.md.
@@ -12,7 +19,16 @@ from torch import nn
 
 from duocal.calibrate.gated_attention import GATING_KWARG, Gating
 from duocal.calibrate.gates import Gates
-from duocal.calibrate.loss import distill_sum, l1_mean
+
+
+def distill_sum(teacher: torch.Tensor, student: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """teacher/student [B, T, E], positions [B, T] bool -> sum over positions of mean_E (t - s)^2 (fp32)."""
+    diff = teacher[positions].float() - student[positions].float()  # [N, E]
+    return diff.pow(2).mean(-1).sum()
+
+
+def l1_mean(gates: torch.Tensor) -> torch.Tensor:
+    return gates.float().abs().mean()
 
 
 class GateObjective(nn.Module):
@@ -45,8 +61,9 @@ class GateObjective(nn.Module):
         ).last_hidden_state
 
     def forward(self, input_ids, position_ids, positions, scale, gates_override: torch.Tensor | None = None):
-        teacher_gating = Gating(self.gating.sink, self.gating.recent, self.gating.block,
-                                sequence_parallel=self.gating.sequence_parallel)
+        teacher_gating = Gating(
+            self.gating.sink, self.gating.recent, self.gating.block, sequence_parallel=self.gating.sequence_parallel
+        )
         with torch.no_grad():
             teacher = self.hidden(input_ids, position_ids, teacher_gating)
         gates = self.gates() if gates_override is None else gates_override

@@ -11,21 +11,22 @@ import torch
 import torch.distributed as dist
 
 from duocal.calibrate.batches import StepData, make_generator
+from duocal.calibrate.engine import Distributed
 from duocal.calibrate.gated_attention import Gating
-from duocal.calibrate.loss import distill_sum
+from duocal.calibrate.objective import distill_sum
 
 
 class PlanLoss:
-    def __init__(self, recipe, objective, device, tokenizer, pad: int, world: int, rank: int, sequence_parallel: bool):
-        r = recipe.ranking
-        samples = max(r.samples, 1 if sequence_parallel else world)
-        samples += (-samples) % (1 if sequence_parallel else world)
-        data = StepData(make_generator(recipe.data, tokenizer, seed=r.seed), pad, samples, 1, world, sequence_parallel)
+    def __init__(self, recipe, objective, tokenizer, pad: int, where: Distributed):
+        r, world, split = recipe.ranking, where.world, where.sequence_parallel
+        samples = max(r.samples, 1 if split else world)
+        samples += (-samples) % (1 if split else world)
+        data = StepData(make_generator(recipe.data, tokenizer, seed=r.seed), pad, samples, 1, world, split)
         self.objective = objective
         weight = self.objective.gates.weight
         self.shape = tuple(getattr(weight, "ds_shape", weight.shape))  # ZeRO-3 keeps a [0] placeholder
-        self.device = device
-        self.batches = [m.to(device) for m in data.micro_batches(0, rank)]
+        self.device = where.device
+        self.batches = [m.to(where.device) for m in data.micro_batches(0, where.rank)]
         self.norm = world * data.accumulation
         self.teachers: list[tuple[torch.Tensor, dict]] = []
         g = self.objective.gating

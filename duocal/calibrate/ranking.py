@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from duocal.calibrate.engine import Distributed
+from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
 from duocal.calibrate.plan_loss import PlanLoss
 from duocal.calibrate.recipe import load_recipe
-from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
 
 
 def tie_groups(gates: list[float], tie: float) -> list[list[int]]:
@@ -53,8 +54,9 @@ def assign_scores(gates: list[float], order: list[int], step: float = 1e-4) -> l
     return scores
 
 
-def rank_heads(recipe, objective, device, raw: torch.Tensor, tokenizer, pad: int, world: int, rank: int,
-               sequence_parallel: bool) -> tuple[list[list[float]], dict[str, Any]]:
+def rank_heads(
+    recipe, objective, raw: torch.Tensor, tokenizer, pad: int, where: Distributed = Distributed()
+) -> tuple[list[list[float]], dict[str, Any]]:
     """(scores [layers][KV heads], description for the profile's source). Collective when distributed.
 
     `objective` is the `GateObjective` (under DeepSpeed: `engine.module`), `raw` the gates [L, G].
@@ -62,12 +64,15 @@ def rank_heads(recipe, objective, device, raw: torch.Tensor, tokenizer, pad: int
     gates = raw.clamp(0, 1)
     flat = [float(g) for g in gates.flatten().tolist()]
     kv = gates.shape[1]
-    info: dict[str, Any] = {"method": recipe.ranking.method, "tied_at_top": len(tie_groups(flat, recipe.ranking.tie)[0])}
+    info: dict[str, Any] = {
+        "method": recipe.ranking.method,
+        "tied_at_top": len(tie_groups(flat, recipe.ranking.tie)[0]),
+    }
     if recipe.ranking.method == "gates":
         return gates.tolist(), info
     r = recipe.ranking
     pool = candidates(flat, min(r.max_candidates, len(flat)))
-    measure = PlanLoss(recipe, objective, device, tokenizer, pad, world, rank, sequence_parallel)
+    measure = PlanLoss(recipe, objective, tokenizer, pad, where)
     chosen: list[int] = []
     losses: list[float] = []
     remaining = list(pool)
@@ -77,13 +82,15 @@ def rank_heads(recipe, objective, device, raw: torch.Tensor, tokenizer, pad: int
         chosen.append(remaining.pop(best))
         losses.append(trials[best])
     scores = assign_scores(flat, chosen)
-    info.update({
-        "candidates": len(pool),
-        "order": [[h // kv, h % kv] for h in chosen],
-        "loss_when_kept_full": [round(l, 6) for l in losses],
-        "samples": r.samples,
-        "seed": r.seed,
-    })
+    info.update(
+        {
+            "candidates": len(pool),
+            "order": [[h // kv, h % kv] for h in chosen],
+            "loss_when_kept_full": [round(loss, 6) for loss in losses],
+            "samples": r.samples,
+            "seed": r.seed,
+        }
+    )
     return [scores[i * kv : (i + 1) * kv] for i in range(gates.shape[0])], info
 
 
@@ -102,6 +109,5 @@ def rerank_profile(profile, recipe=None, overrides: list[str] = ()):
     with calibration_attention(model):
         objective = build_objective(model, recipe, init=1.0)
         raw = torch.tensor(profile.scores, dtype=torch.float32)
-        scores, info = rank_heads(recipe, objective, torch.device("cpu"), raw, checked.tokenizer, checked.pad_id, 1, 0,
-                                  False)
+        scores, info = rank_heads(recipe, objective, raw, checked.tokenizer, checked.pad_id)
     return replace(profile, scores=scores, source={**profile.source, "reranked": info})

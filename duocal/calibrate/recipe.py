@@ -8,6 +8,7 @@ lists the keys of its section. Overrides use dotted keys and YAML values:
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from duocal.overrides import apply_overrides
 from duocal_runtime.atomic import write_atomic
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES_DIR = Path(str(resources.files("duocal.recipes")))  # recipes/ in a checkout; package data when installed
 DEFAULT_RECIPE = "calibrate_demo"
 
 
@@ -86,8 +87,10 @@ class TrainSection(Section):
     @model_validator(mode="after")
     def _batches(self):
         if self.batch_size % self.micro_batch_size:
-            raise ValueError(f"train.batch_size ({self.batch_size}) must be a multiple of train.micro_batch_size "
-                             f"({self.micro_batch_size})")
+            raise ValueError(
+                f"train.batch_size ({self.batch_size}) must be a multiple of train.micro_batch_size "
+                f"({self.micro_batch_size})"
+            )
         return self
 
 
@@ -103,7 +106,9 @@ class CheckpointSection(Section):
 
 
 class RankingSection(Section):
-    method: Literal["gates", "measured"] = "measured"  # "gates" (upstream) | "measured" (ties resolved by measured loss)
+    method: Literal["gates", "measured"] = (
+        "measured"  # "gates" (upstream) | "measured" (ties resolved by measured loss)
+    )
     tie: Fraction = 0.01  # gates within this of each other (or of 1) count as tied
     samples: PositiveInt = 8  # held-out samples on which candidate plans are measured
     seed: int = 2025
@@ -136,8 +141,10 @@ SECTIONS = {name: f.annotation for name, f in Recipe.model_fields.items() if nam
 
 def _unknown_keys(cls, data: Any, where: str) -> None:
     if not isinstance(data, dict):
-        raise ValueError(f"recipe section {where or '(top level)'} must be a mapping of keys to values, got "
-                         f"{type(data).__name__} {data!r:.60}")
+        raise ValueError(
+            f"recipe section {where or '(top level)'} must be a mapping of keys to values, got "
+            f"{type(data).__name__} {data!r:.60}"
+        )
     names = list(cls.model_fields)
     unknown = sorted(set(map(str, data)) - set(names))
     if unknown:
@@ -155,8 +162,13 @@ def describe_errors(err: ValidationError) -> str:
         if e["type"] == "value_error":  # our own checks: the message names the key
             lines.append(e["msg"].removeprefix("Value error, "))
             continue
-        loc = ".".join(str(part) for part in e["loc"] if isinstance(part, str) and "[" not in part
-                       and part not in ("int", "float", "str", "constrained-int", "constrained-float"))
+        loc = ".".join(
+            str(part)
+            for part in e["loc"]
+            if isinstance(part, str)
+            and "[" not in part
+            and part not in ("int", "float", "str", "constrained-int", "constrained-float")
+        )
         lines.append(f"{loc}: {e['msg']} (got {e['input']!r:.60})")
     return "; ".join(dict.fromkeys(lines))
 
@@ -172,6 +184,29 @@ def recipe_from_dict(data: Any) -> Recipe:
         raise ValueError(f"bad recipe value: {describe_errors(err)}") from None
 
 
+def shipped_recipes() -> dict[str, Path]:
+    """Recipe name -> file, for every recipe duocal ships (calibration recipes and the demo model's)."""
+    return {p.stem: p for p in sorted(RECIPES_DIR.glob("*.yaml"))}
+
+
+def copy_recipe(name: str, folder: str | Path, force: bool = False) -> list[Path]:
+    """Copy shipped recipe `name` and its DeepSpeed config (same relative place) into `folder`.
+    Refuses to replace existing files unless `force`. Returns the files written, recipe first."""
+    recipes = shipped_recipes()
+    if name.removesuffix(".yaml") not in recipes:
+        raise ValueError(f"no shipped recipe {name!r}; shipped: {', '.join(recipes)}")
+    source = recipes[name.removesuffix(".yaml")]
+    data = read_yaml(source, "recipe") or {}
+    config = (data.get("deepspeed") or {}).get("config")
+    files = [(source, Path(folder) / source.name)]
+    if config and not Path(config).is_absolute():
+        files.append((source.parent / config, Path(folder) / config))
+    existing = [str(target) for _, target in files if target.exists() or target.is_symlink()]
+    if existing and not force:
+        raise ValueError(f"{existing[0]} already exists; pass --force to replace it")
+    return [write_atomic(target, src.read_bytes()) for src, target in files]
+
+
 def resolve_recipe_path(name_or_path: str | Path | None) -> Path:
     """A path, or a shipped recipe's name (`calibrate_demo`, `calibrate_llama3_8b`, ...)."""
     if name_or_path is None:
@@ -182,8 +217,10 @@ def resolve_recipe_path(name_or_path: str | Path | None) -> Path:
     shipped = RECIPES_DIR / f"{path.name.removesuffix('.yaml')}.yaml"
     if shipped.is_file():
         return shipped
-    names = sorted(p.stem for p in RECIPES_DIR.glob("calibrate_*.yaml"))
-    raise ValueError(f"recipe {str(name_or_path)!r} is neither a file nor a shipped recipe; shipped: {', '.join(names)}")
+    names = [name for name in shipped_recipes() if name.startswith("calibrate_")]
+    raise ValueError(
+        f"recipe {str(name_or_path)!r} is neither a file nor a shipped recipe; shipped: {', '.join(names)}"
+    )
 
 
 def read_yaml(path: Path, what: str) -> Any:
@@ -197,21 +234,14 @@ def read_yaml(path: Path, what: str) -> Any:
 
 
 def load_recipe(name_or_path: str | Path | None = None, overrides: list[str] = ()) -> Recipe:
-    """Read a recipe (default: the demo one), apply `key=value` overrides, validate the values.
-
-    Without a recipe and without the source tree's recipes/ folder (an installed wheel), the
-    defaults of this module are used: they are the demo recipe's values.
-    """
-    if name_or_path is None and not (RECIPES_DIR / f"{DEFAULT_RECIPE}.yaml").is_file():
-        recipe = recipe_from_dict(apply_overrides({}, list(overrides)))
-        recipe.source = f"duocal.calibrate.recipe defaults ({DEFAULT_RECIPE})"
-        return recipe
+    """Read a recipe (default: the demo one), apply `key=value` overrides, validate the values."""
     path = resolve_recipe_path(name_or_path)
     data = read_yaml(path, "recipe")
     data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a recipe is a mapping of sections (model:, data:, train: ...), "
-                         f"not a {type(data).__name__}")
+        raise ValueError(
+            f"{path}: a recipe is a mapping of sections (model:, data:, train: ...), not a {type(data).__name__}"
+        )
     data.pop("source", None)
     try:
         recipe = recipe_from_dict(apply_overrides(data, list(overrides)))
@@ -237,8 +267,10 @@ def load_resolved(path: str | Path) -> Recipe:
     path = Path(path)
     data = read_yaml(path, "resolved config")
     if not isinstance(data, dict):
-        raise ValueError(f"{path} is not a resolved calibration config (a mapping); the run folder is damaged: "
-                         "start a new run with --output")
+        raise ValueError(
+            f"{path} is not a resolved calibration config (a mapping); the run folder is damaged: "
+            "start a new run with --output"
+        )
     data.pop("run", None)
     source = data.pop("source", None)
     try:

@@ -19,21 +19,34 @@ import os
 import random
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import duocal_runtime as dr
-from duocal_runtime.atomic import write_atomic
-
-from duocal.calibrate import checkpoint, engine as ds, ranking, report
+from duocal.calibrate import checkpoint, ranking, report
+from duocal.calibrate import engine as ds
 from duocal.calibrate.batches import StepData
 from duocal.calibrate.gates import clamp_trainable_
-from duocal.calibrate.recipe import Recipe, load_resolved
-from duocal.calibrate.schedule import lr_factor
 from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
+from duocal.calibrate.recipe import Recipe, load_resolved
 from duocal.calibrate.ulysses import SequenceParallel
+from duocal_runtime.atomic import write_atomic
+
+
+def lr_factor(step: int, total: int, warmup: float = 0.2, decay: float = 0.2, floor: float = 0.1) -> float:
+    """Multiplier of the base lr at 0-based `step` of `total` (upstream `duo_attn/train.py`:
+    `LambdaLR(lambda step: min(1, max((step+1)/(n//5), 0.1), max((n-step)/(n//5), 0.1)))`: linear
+    warm-up over the first 20% of the n steps, flat, linear decay over the last 20%, never below
+    0.1x). A function of the step, so a resumed run gets the same rates."""
+    up = max(1, int(total * warmup)) if warmup > 0 else None
+    down = max(1, int(total * decay)) if decay > 0 else None
+    rise = max((step + 1) / up, floor) if up else 1.0
+    fall = max((total - step) / down, floor) if down else 1.0
+    return min(1.0, rise, fall)
+
 
 def set_seed(seed: int) -> None:
     random.seed(seed)
@@ -47,8 +60,8 @@ class Metrics:
         self.path, self.active = path, active
         if active:
             lines = path.read_text().splitlines() if path.is_file() else []
-            kept = [l for l in lines if l.strip() and json.loads(l)["step"] <= keep_until]
-            write_atomic(path, "".join(l + "\n" for l in kept))  # a kill here must not lose the log
+            kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= keep_until]
+            write_atomic(path, "".join(line + "\n" for line in kept))  # a kill here must not lose the log
 
     def write(self, record: dict) -> None:
         if self.active:
@@ -58,11 +71,24 @@ class Metrics:
 
 def calibration_progress(active: bool):
     """Rank 0's bar: step, losses and lr of the last step, elapsed time and ETA."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(
-        TextColumn("calibrate"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[losses]}"),
-        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), disable=not active,
+        TextColumn("calibrate"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[losses]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        disable=not active,
     )
 
 
@@ -72,33 +98,41 @@ def calibrate(recipe: Recipe, output: str | Path, resume: bool = False) -> Path 
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     with ds.process_group() as (rank, world):
-        return _calibrate(recipe, output, resume, rank, world)
+        where = ds.Distributed(rank, world, recipe.deepspeed.sequence_parallel > 1)
+        return _calibrate(recipe, output, resume, where)
 
 
-def _calibrate(recipe: Recipe, output: Path, resume: bool, rank: int, world: int) -> Path | None:
-    checked = check_recipe(recipe, world)
+def _calibrate(recipe: Recipe, output: Path, resume: bool, where: ds.Distributed) -> Path | None:
+    checked = check_recipe(recipe, where.world)
     output.mkdir(parents=True, exist_ok=True)
     set_seed(recipe.train.seed)
     model = load_frozen_model(recipe)
     with calibration_attention(model):
-        return _train_and_rank(recipe, output, resume, rank, world, checked, model)
+        return _train_and_rank(recipe, output, resume, where, checked, model)
 
 
-def _train_and_rank(recipe, output, resume, rank, world, checked, model) -> Path | None:
+def _train_and_rank(recipe, output, resume, where: ds.Distributed, checked, model) -> Path | None:
     sequence_parallel = None
-    if recipe.deepspeed.sequence_parallel > 1:
+    if where.sequence_parallel:
         sequence_parallel = SequenceParallel.world(dr.shape_of_config(model.config).num_key_value_heads)
     objective = build_objective(model, recipe, sequence_parallel=sequence_parallel)
-    t, pad = recipe.train, checked.pad_id
-    data = StepData(checked.generator, pad, t.batch_size, t.micro_batch_size, world, sequence_parallel is not None)
-    config = ds.deepspeed_config(recipe.deepspeed, t.micro_batch_size, data.accumulation, world,
-                                 recipe.model.dtype, objective.gates.weight.numel())
+    t, pad, world = recipe.train, checked.pad_id, where.world
+    data = StepData(checked.generator, pad, t.batch_size, t.micro_batch_size, world, where.sequence_parallel)
+    config = ds.deepspeed_config(
+        recipe.deepspeed,
+        t.micro_batch_size,
+        data.accumulation,
+        world,
+        recipe.model.dtype,
+        objective.gates.weight.numel(),
+    )
     engine = ds.initialize(objective, config, t.lr, t.betas)
+    where = replace(where, device=engine.device)
     start = checkpoint.load(engine, output) if resume else 0
-    metrics = Metrics(output / "metrics.jsonl", start, rank == 0)
+    metrics = Metrics(output / "metrics.jsonl", start, where.is_main)
     last: dict[str, float] = {}
     begun = time.perf_counter()
-    with calibration_progress(rank == 0) as bar:
+    with calibration_progress(where.is_main) as bar:
         task = bar.add_task("calibrate", total=t.steps, completed=start, losses="")
         for step in range(start, t.steps):
             tic = time.perf_counter()
@@ -107,7 +141,7 @@ def _train_and_rank(recipe, output, resume, rank, world, checked, model) -> Path
             ds.set_lr(engine, lr)
             distill = torch.zeros(())
             tokens = 0
-            for micro in data.micro_batches(step, rank):
+            for micro in data.micro_batches(step, where.rank):
                 micro = micro.to(engine.device)
                 loss, d, reg = engine(micro.input_ids, micro.position_ids, micro.positions, micro.scale)
                 engine.backward(loss)
@@ -115,20 +149,23 @@ def _train_and_rank(recipe, output, resume, rank, world, checked, model) -> Path
                 distill += d.float().cpu() / (world * data.accumulation)
                 tokens += micro.tokens
             distill, tokens = _all_reduce_sum(distill, tokens)
-            last = {"step": step + 1, "distill_loss": distill, "reg_loss": float(reg), "lr": lr, "tokens": tokens,
-                    "seconds": round(time.perf_counter() - tic, 4)}
+            last = {
+                "step": step + 1,
+                "distill_loss": distill,
+                "reg_loss": float(reg),
+                "lr": lr,
+                "tokens": tokens,
+                "seconds": round(time.perf_counter() - tic, 4),
+            }
             metrics.write(last)
             bar.update(task, advance=1, losses=f"distill {distill:.4g}  reg {float(reg):.3f}  lr {lr:.2e}")
             if recipe.checkpoint.every and (step + 1) % recipe.checkpoint.every == 0 and step + 1 < t.steps:
                 checkpoint.save(engine, output, step + 1, recipe.checkpoint.keep)
     clamp_trainable_(engine)
     raw = ds.read_gates(engine)
-    scores, ranking_info = ranking.rank_heads(recipe, engine.module, engine.device, raw, checked.tokenizer, pad, world,
-                                              rank, sequence_parallel is not None)
-    seconds = time.perf_counter() - begun
-    if rank != 0:
-        return None
-    return report.write_outputs(recipe, output, model.config, raw, scores, ranking_info, last, seconds, world)
+    scores, ranking_info = ranking.rank_heads(recipe, engine.module, raw, checked.tokenizer, pad, where)
+    result = report.CalibrationResult(raw, scores, ranking_info, last, time.perf_counter() - begun, world)
+    return report.write_outputs(recipe, output, model.config, result) if where.is_main else None
 
 
 def _all_reduce_sum(value: torch.Tensor, tokens: int) -> tuple[float, int]:
@@ -144,7 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("config", help="resolved config (DIR/config.yaml)")
     parser.add_argument("--output", required=True)
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)  # deepspeed launcher
+    parser.add_argument(
+        "--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS
+    )  # deepspeed launcher
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")

@@ -31,8 +31,10 @@ class SequenceParallel:
 
         size = dist.get_world_size()
         if num_kv_heads % size:
-            raise ValueError(f"sequence parallelism over {size} processes needs a multiple of {size} KV heads, "
-                             f"the model has {num_kv_heads}")
+            raise ValueError(
+                f"sequence parallelism over {size} processes needs a multiple of {size} KV heads, "
+                f"the model has {num_kv_heads}"
+            )
         return cls(dist.group.WORLD, size, dist.get_rank(), num_kv_heads)
 
     def attend(self, local: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -49,7 +51,8 @@ class SequenceParallel:
             return out.transpose(1, 2).contiguous()
 
         # scatter heads (dim 2), gather tokens (dim 1) in the [B, t, H, D] layout
-        attention = DistributedAttention(local_bshd, self.group, scatter_idx=2, gather_idx=1,
-                                         num_kv_heads=self.num_kv_heads)
+        attention = DistributedAttention(
+            local_bshd, self.group, scatter_idx=2, gather_idx=1, num_kv_heads=self.num_kv_heads
+        )
         q, k, v = (x.transpose(1, 2).contiguous() for x in (query, key, value))
         return attention(q, k, v, 0)

@@ -56,7 +56,13 @@ def _key_blocks(k: torch.Tensor, sink: int, c: int, block: int, n: int) -> torch
 
 
 def blocked_window_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: int, recent: int, scaling: float, block: int = DEFAULT_BLOCK
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sink: int,
+    recent: int,
+    scaling: float,
+    block: int = DEFAULT_BLOCK,
 ) -> torch.Tensor:
     """Blocked streaming attention. q [B, H, T, D], k/v [B, G, T, D] -> [B, H, T, D].
 

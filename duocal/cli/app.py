@@ -8,6 +8,7 @@ from .eval import eval_app
 from .models import models_app
 from .profile import PROFILE_EPILOG, profile_command
 from .profiles import profiles_app
+from .recipes import recipes_app
 
 app = typer.Typer(
     name="duocal",
@@ -19,5 +20,6 @@ app = typer.Typer(
 app.add_typer(profiles_app, name="profiles")
 app.add_typer(eval_app, name="eval")
 app.add_typer(models_app, name="models")
+app.add_typer(recipes_app, name="recipes")
 app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate_command)
 app.command("profile", epilog=PROFILE_EPILOG)(profile_command)

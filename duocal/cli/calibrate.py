@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .errors import user_errors
+from .user_errors import user_errors
 
 CALIBRATE_EPILOG = """Examples:
 
@@ -22,13 +22,23 @@ CALIBRATE_EPILOG = """Examples:
 
 
 def calibrate_command(
-    args: Annotated[Optional[list[str]], typer.Argument(
-        help="RECIPE (a YAML file or shipped recipe name; default: calibrate_demo), then key=value overrides.",
-        show_default=False)] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Run folder: profile.json, gates.png, "
-                                         "metrics.jsonl, config.yaml, checkpoints/.")] = ...,
+    args: Annotated[
+        Optional[list[str]],
+        typer.Argument(
+            help="RECIPE (a YAML file or shipped recipe name; default: calibrate_demo), then key=value overrides.",
+            show_default=False,
+        ),
+    ] = None,
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output", "-o", help="Run folder: profile.json, gates.png, metrics.jsonl, config.yaml, checkpoints/."
+        ),
+    ] = ...,
     nproc: Annotated[int, typer.Option(help="Processes (1: in this process; N: torchrun workers).")] = 1,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --output from its last checkpoint.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in --output from its last checkpoint.")
+    ] = False,
     launcher: Annotated[str, typer.Option(help="torchrun or deepspeed (for --nproc > 1).")] = "torchrun",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the recipe and write config.yaml only.")] = False,
 ):

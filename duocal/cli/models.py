@@ -9,7 +9,7 @@ import typer
 
 from ..models import KNOWN_MODELS, fetch_model
 from ..models.fetch import cached_model
-from .errors import user_errors
+from .user_errors import user_errors
 
 models_app = typer.Typer(help="Fetch and list the pretrained models duocal knows by name.", no_args_is_help=True)
 
@@ -32,8 +32,17 @@ def fetch(
 @models_app.command("list")
 def list_models(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list.")] = False):
     """Known models, their source and license, and whether they are cached."""
-    rows = [{"name": m.name, "source": m.requirement, "file": m.member, "license": m.license,
-             "description": m.description, "cached": str(cached_model(m.name) or "")} for m in KNOWN_MODELS.values()]
+    rows = [
+        {
+            "name": m.name,
+            "source": m.requirement,
+            "file": m.member,
+            "license": m.license,
+            "description": m.description,
+            "cached": str(cached_model(m.name) or ""),
+        }
+        for m in KNOWN_MODELS.values()
+    ]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

@@ -9,11 +9,10 @@ from typing import Annotated, Optional
 import typer
 
 import duocal_runtime as dr
-from duocal_runtime.hf_compat import load_local_config
 
 from ..profile_compare import compare_profiles
 from ..profile_summary import profile_summary, render_summary
-from .errors import user_errors
+from .user_errors import user_errors
 
 profiles_app = typer.Typer(help="Inspect, validate, convert and fetch profiles.", no_args_is_help=True)
 
@@ -28,10 +27,16 @@ def show(
     profile: ProfileArg,
     sparsity: Annotated[Optional[float], typer.Option(help="Fraction of KV heads made non-retrieval.")] = None,
     context: Annotated[int, typer.Option(help="Context length for the memory estimate.")] = 32768,
-    budget: Annotated[Optional[str], typer.Option(
-        help="KV memory budget at --context ('2GiB', '500MB' or tokens): choose a policy per head to fit it.")] = None,
-    policies: Annotated[Optional[str], typer.Option(
-        help="With --budget: the policies heads may get (default: full and the profile's policy).")] = None,
+    budget: Annotated[
+        Optional[str],
+        typer.Option(
+            help="KV memory budget at --context ('2GiB', '500MB' or tokens): choose a policy per head to fit it."
+        ),
+    ] = None,
+    policies: Annotated[
+        Optional[str],
+        typer.Option(help="With --budget: the policies heads may get (default: full and the profile's policy)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
 ):
     """Shape, score histogram, retrieval heads per layer and KV memory at CONTEXT vs full.
@@ -44,8 +49,9 @@ def show(
         if policies is not None and budget is None:
             raise ValueError("--policies chooses per head under a memory budget: give --budget too")
         names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
-        summary = profile_summary(dr.load_profile(profile), sparsity=sparsity, context=context, budget=budget,
-                                  policies=names)
+        summary = profile_summary(
+            dr.load_profile(profile), sparsity=sparsity, context=context, budget=budget, policies=names
+        )
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
     else:
@@ -58,6 +64,8 @@ def validate_command(profile: ProfileArg, model_config: ModelConfigOpt = None):
     with user_errors():
         loaded = dr.load_profile(profile)
         if model_config is not None:
+            from duocal_runtime.hf_compat import load_local_config
+
             loaded.check_compatible(load_local_config(model_config))
     typer.echo(f"ok: {loaded.shape.describe()}, model {loaded.model.name_or_path or 'unnamed'}")
 
@@ -103,5 +111,7 @@ def compare(
     if as_json:
         typer.echo(json.dumps(result))
     else:
-        typer.echo(f"spearman {result['spearman']:.3f} over {result['heads']} heads; top {result['top']}: "
-                   f"{result['top_overlap']} in common")
+        typer.echo(
+            f"spearman {result['spearman']:.3f} over {result['heads']} heads; top {result['top']}: "
+            f"{result['top_overlap']} in common"
+        )

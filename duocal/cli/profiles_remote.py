@@ -13,15 +13,18 @@ from rich.console import Console
 from rich.table import Table
 
 from duocal_runtime.fetching.prebuilt_index import IndexEntry, load_index
-from duocal_runtime.fetching.pull import ProfileCache, default_cache_dir, pull as pull_profile
+from duocal_runtime.fetching.profile_cache import ProfileCache, default_cache_dir
 
-from ..hub_card import push_profile
-from .errors import user_errors
 from .profiles import profiles_app
+from .user_errors import user_errors
 
 # `\\[` keeps rich from reading [/PATH] as markup in --help.
-RefArg = Annotated[str, typer.Argument(
-    metavar="REF", help="A prebuilt name (see `list`), an https:// URL, or hf://OWNER/REPO\\[/PATH]\\[@REV].")]
+RefArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="REF", help="A prebuilt name (see `list`), an https:// URL, or hf://OWNER/REPO\\[/PATH]\\[@REV]."
+    ),
+]
 
 
 def _source(entry: IndexEntry) -> str:
@@ -60,8 +63,15 @@ def list_profiles(
         return
     table = Table("name", "model", "layers x KV heads", "format", "source", "size", "cached")
     for r in rows:
-        table.add_row(r["name"], r["model"], f"{r['num_layers']} x {r['num_kv_heads']}", r["format"], r["source"],
-                      f"{r['size'] / 1000:.1f} kB", "yes" if r["cached"] else "")
+        table.add_row(
+            r["name"],
+            r["model"],
+            f"{r['num_layers']} x {r['num_kv_heads']}",
+            r["format"],
+            r["source"],
+            f"{r['size'] / 1000:.1f} kB",
+            "yes" if r["cached"] else "",
+        )
     Console(width=200).print(table)
 
 
@@ -69,10 +79,13 @@ def list_profiles(
 def pull(
     ref: RefArg,
     force: Annotated[bool, typer.Option("--force", help="Download again even if cached.")] = False,
-    offline: Annotated[Optional[bool], typer.Option(
-        "--offline/--online", help="Use only the cache (default: HF_HUB_OFFLINE).", show_default=False)] = None,
-    mirror: Annotated[Optional[str], typer.Option(
-        help="Fetch index URLs from BASE_URL + their path (default: DUOCAL_MIRROR).")] = None,
+    offline: Annotated[
+        Optional[bool],
+        typer.Option("--offline/--online", help="Use only the cache (default: HF_HUB_OFFLINE).", show_default=False),
+    ] = None,
+    mirror: Annotated[
+        Optional[str], typer.Option(help="Fetch index URLs from BASE_URL + their path (default: DUOCAL_MIRROR).")
+    ] = None,
 ):
     """Download, verify (sha256), convert if upstream, cache; the last line is the profile's path.
 
@@ -80,21 +93,28 @@ def pull(
     duocal profiles pull hf://OWNER/REPO; duocal profiles pull NAME --mirror http://mirror.local/dl
     """
     with user_errors():
+        from duocal_runtime.fetching.pull import pull as pull_profile
+
         pulled = pull_profile(ref, offline=offline, force=force, mirror=mirror)
     if pulled.note:
         typer.echo(f"note: {pulled.note}", err=True)
-    typer.echo(f"{pulled.ref}: {pulled.profile.shape.describe()}, model "
-               f"{pulled.profile.model.name_or_path or 'unnamed'} ({pulled.origin})")
+    typer.echo(
+        f"{pulled.ref}: {pulled.profile.shape.describe()}, model "
+        f"{pulled.profile.model.name_or_path or 'unnamed'} ({pulled.origin})"
+    )
     typer.echo(str(pulled.path))
 
 
 @profiles_app.command("push")
 def push(
-    profile: Annotated[str, typer.Argument(metavar="PROFILE", help="Profile to publish: path, prebuilt name, URL or hf://.")],
+    profile: Annotated[
+        str, typer.Argument(metavar="PROFILE", help="Profile to publish: path, prebuilt name, URL or hf://.")
+    ],
     target: Annotated[str, typer.Argument(metavar="TARGET", help="hf://OWNER/REPO (created if missing).")],
     token: Annotated[Optional[str], typer.Option(help="Hub token (default: HF_TOKEN or `hf auth login`).")] = None,
-    private: Annotated[Optional[bool], typer.Option("--private/--public", show_default=False,
-                                                    help="Visibility of a new repo.")] = None,
+    private: Annotated[
+        Optional[bool], typer.Option("--private/--public", show_default=False, help="Visibility of a new repo.")
+    ] = None,
     message: Annotated[Optional[str], typer.Option(help="Commit message.")] = None,
 ):
     """Publish PROFILE as a Hub repo: profile.json, a README card and a scores heatmap.
@@ -102,6 +122,8 @@ def push(
     Example: duocal profiles push my-profile.json hf://me/llama3-duocal
     """
     with user_errors():
+        from ..hub_card import push_profile
+
         result = push_profile(profile, target, token=token, private=private, message=message)
     typer.echo(f"pushed {', '.join(result.files)} to {result.repo_url}")
     typer.echo(result.commit_url)

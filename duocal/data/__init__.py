@@ -1,7 +1,6 @@
 """Synthetic passkey data: one generator for calibration and for evaluation."""
 
 from duocal.data.filler import SyntheticFiller
-from duocal.data.passkey_formats import FORMATS, PasskeyFormat, get_format
 from duocal.data.haystack import Haystack, load_haystack
 from duocal.data.passkey import (
     IGNORE_INDEX,
@@ -12,6 +11,7 @@ from duocal.data.passkey import (
     TokenKind,
     collate,
 )
+from duocal.data.passkey_formats import FORMATS, PasskeyFormat, get_format
 
 __all__ = [
     "FORMATS",

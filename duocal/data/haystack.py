@@ -1,9 +1,10 @@
 """Haystacks: where the text between the needles comes from.
 
-A haystack is a stream of documents; the passkey generator tokenizes documents until it holds a
-pool of enough tokens, then cuts every sample's filler out of that pool. Sources: the built-in
-synthetic filler, the classic repeated filler of the passkey task (`"repeated"`), a plain-text file, a JSON-lines file, or a ``datasets`` dataset (load it from
-local files yourself, e.g. ``datasets.load_dataset("json", data_files=...)``; nothing is fetched).
+A haystack is a stream of documents; the passkey generator tokenizes documents until it holds a pool
+of enough tokens, then cuts every sample's filler out of that pool. Sources: the built-in synthetic
+filler, the classic repeated filler of the passkey task (`"repeated"`), a plain-text file, a JSON-
+lines file, or a ``datasets`` dataset (load it from local files yourself, e.g.
+``datasets.load_dataset("json", data_files=...)``; nothing is fetched).
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class Haystack:
     def from_dataset(cls, dataset: Any, text_field: str = "text") -> Haystack:
         """A ``datasets.Dataset`` or ``IterableDataset`` (or any iterable of dicts) with a text column."""
         if hasattr(dataset, "keys") and not hasattr(dataset, "column_names") and not isinstance(dataset, dict):
-            raise ValueError(f"pass one split of the dataset (one of {list(dataset.keys())}), not the whole DatasetDict")
+            raise ValueError(
+                f"pass one split of the dataset (one of {list(dataset.keys())}), not the whole DatasetDict"
+            )
         names = getattr(dataset, "column_names", None)
         if names is not None and text_field not in names:
             raise ValueError(f"dataset has no text field {text_field!r}; its columns are {names}")

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import torch
 
 
-def pad_batch(rows: Sequence[Sequence[int]], value: int, left: bool = False,
-              multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(
+    rows: Sequence[Sequence[int]], value: int, left: bool = False, multiple: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T] tensor of `rows` padded with `value` (on the left for generation prompts, else on the
     right; T the longest row rounded up to `multiple`), and the [B, T] bool mask of real tokens."""
     width = -(-max((len(r) for r in rows), default=0) // multiple) * multiple
@@ -23,8 +24,11 @@ def pad_batch(rows: Sequence[Sequence[int]], value: int, left: bool = False,
 
 def pad_token_id(tokenizer, model_config=None) -> int:
     """The id to pad with: the tokenizer's pad token, else the model's, else end-of-sequence, else 0."""
-    for candidate in (getattr(tokenizer, "pad_token_id", None), getattr(model_config, "pad_token_id", None),
-                      getattr(tokenizer, "eos_token_id", None)):
+    for candidate in (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(model_config, "pad_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
         if isinstance(candidate, int):
             return candidate
     return 0

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from duocal.data.passkey_formats import PasskeyFormat, get_format
 from duocal.data.haystack import Haystack, load_haystack
 from duocal.data.padding import pad_batch
+from duocal.data.passkey_formats import PasskeyFormat, get_format
 from duocal.data.templates import encode_blocks
 
 IGNORE_INDEX = -100
@@ -185,7 +185,9 @@ class PasskeyGenerator:
         keys, values = self._draw(rng, count)
         depths = sorted(rng.uniform(*self.depth) for _ in range(count))
         asked = rng.sample(range(count), count) if self.questions == "all" else [rng.randrange(count)]
-        blocks = [(fmt.needle, k, v) for k, v in zip(keys, values)] + [(fmt.question, keys[i], values[i]) for i in asked]
+        blocks = [(fmt.needle, k, v) for k, v in zip(keys, values)] + [
+            (fmt.question, keys[i], values[i]) for i in asked
+        ]
         encoded = encode_blocks(self.tokenizer, blocks)
         needles, questions = encoded[:count], encoded[count:]
         fixed = len(self._head) + len(self._tail) + sum(len(b[0]) for b in encoded)

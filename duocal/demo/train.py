@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from duocal.data import SyntheticFiller, PasskeyGenerator, PasskeySample, TokenKind, collate, get_format
+from duocal.data import PasskeyGenerator, PasskeySample, SyntheticFiller, TokenKind, collate, get_format
 from duocal.data.passkey_formats import DEMO_KEYS
-from duocal_runtime import hf_compat
 from duocal.demo.tokenizer import build_tokenizer
 from duocal.eval.retrieval_heads import needle_attention, top_heads
 from duocal.overrides import apply_overrides
+from duocal_runtime import hf_compat
 
 
 def load_training_recipe(path: str | Path, overrides: list[str] = ()) -> dict:
@@ -117,8 +117,12 @@ def greedy_exact_match(model, samples: list[PasskeySample], new_cache=None) -> f
         prompt = torch.tensor([s.prompt_ids])
         extra = {"cache": new_cache()} if new_cache is not None else {}
         out = model.generate(
-            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=len(s.answer_ids), do_sample=False,
-            pad_token_id=model.config.pad_token_id, **extra,
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=len(s.answer_ids),
+            do_sample=False,
+            pad_token_id=model.config.pad_token_id,
+            **extra,
         )
         hits += tuple(out[0, prompt.shape[1] :].tolist()) == s.answer_ids
     return hits / len(samples)
@@ -138,9 +142,12 @@ def head_ablation(model, samples: list[PasskeySample], heads: list[list[int]], s
     everything = set(range(shape.num_hidden_layers * k))
     streaming = dr.SinkWindow(sink=sink, recent=recent)
     out = {}
-    for name, streamed in (("only_these_full", everything - chosen), ("all_but_these_full", chosen),
-                           ("none_full", everything)):
-        with dr.apply(model, dr.plan_from_streaming_set(shape, streamed, streaming)) as runtime:
+    for name, streamed in (
+        ("only_these_full", everything - chosen),
+        ("all_but_these_full", chosen),
+        ("none_full", everything),
+    ):
+        with dr.apply(model, dr.plan_from_bounded_set(shape, streamed, streaming)) as runtime:
             out[name] = greedy_exact_match(model, samples, runtime.new_cache)
     return out
 
@@ -176,7 +183,9 @@ def train(recipe: dict, log=print) -> dict:
             # One length per step and as many sequences as fit in tokens_per_step: no padding.
             length = lengths.randint(*stage["context"])
             batch = max(1, recipe["tokens_per_step"] // length)
-            samples = list(generator.samples(batch, start=stage_step * recipe["tokens_per_step"], context_length=length))
+            samples = list(
+                generator.samples(batch, start=stage_step * recipe["tokens_per_step"], context_length=length)
+            )
             ids = collate(samples, pad)["input_ids"]
             weights = token_weights(samples, ids.shape[1], stage.get("loss_weights", recipe["loss_weights"]))
             loss = weighted_loss(model(input_ids=ids).logits, ids, weights)
@@ -192,21 +201,34 @@ def train(recipe: dict, log=print) -> dict:
                 model.train()
                 elapsed = time.process_time() - cpu_started
                 per_symbol = " ".join(f"{p:.2f}" for p in accuracy["by_position"])
-                log(f"stage {stage['name']} step {stage_step} (total {step}) loss {sum(losses) / len(losses):.3f} "
-                    f"exact {accuracy['exact']:.3f} per symbol [{per_symbol}]  {elapsed:.0f} CPU s")
+                log(
+                    f"stage {stage['name']} step {stage_step} (total {step}) loss {sum(losses) / len(losses):.3f} "
+                    f"exact {accuracy['exact']:.3f} per symbol [{per_symbol}]  {elapsed:.0f} CPU s"
+                )
                 losses = []
                 if accuracy[metric] >= stage["advance_at"] and stage_step >= stage.get("min_steps", 0):
                     break
-        history.append({"name": stage["name"], "steps": stage_step, "metric": metric, "accuracy": accuracy[metric],
-                        "reached": accuracy[metric] >= stage["advance_at"],
-                        "seconds": round(time.perf_counter() - started, 1),
-                        "cpu_seconds": round(time.process_time() - cpu_started, 1)})
+        history.append(
+            {
+                "name": stage["name"],
+                "steps": stage_step,
+                "metric": metric,
+                "accuracy": accuracy[metric],
+                "reached": accuracy[metric] >= stage["advance_at"],
+                "seconds": round(time.perf_counter() - started, 1),
+                "cpu_seconds": round(time.process_time() - cpu_started, 1),
+            }
+        )
     train_seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     model.eval()
     results = evaluate(model, tokenizer, recipe)
     # Wall time depends on what else runs on the machine; CPU time (one thread) much less so.
-    results.update(training_seconds=round(train_seconds, 1), training_cpu_seconds=round(cpu_seconds, 1),
-                   total_steps=step, stages=history)
+    results.update(
+        training_seconds=round(train_seconds, 1),
+        training_cpu_seconds=round(cpu_seconds, 1),
+        total_steps=step,
+        stages=history,
+    )
     return {"model": model, "tokenizer": tokenizer, "results": results}
 
 
@@ -215,7 +237,9 @@ def evaluate(model, tokenizer, recipe: dict) -> dict:
     final, data = recipe["final_eval"], recipe["data"]
     exact = {}
     for context in final["contexts"]:
-        samples = list(demo_generator(tokenizer, data, context, final["seed"], questions="one").samples(final["samples"]))
+        samples = list(
+            demo_generator(tokenizer, data, context, final["seed"], questions="one").samples(final["samples"])
+        )
         exact[str(context)] = greedy_exact_match(model, samples)
     probe = demo_generator(tokenizer, data, final["attention_context"], final["seed"] + 1, questions="one")
     mass = needle_attention(model, list(probe.samples(final["attention_samples"])))
@@ -223,7 +247,9 @@ def evaluate(model, tokenizer, recipe: dict) -> dict:
     results = {"exact_match": exact, "needle_attention": mass.tolist(), "retrieval_heads": heads}
     if "ablation" in final:
         ab = final["ablation"]
-        samples = list(demo_generator(tokenizer, data, ab["context"], final["seed"] + 2, questions="one").samples(ab["samples"]))
+        samples = list(
+            demo_generator(tokenizer, data, ab["context"], final["seed"] + 2, questions="one").samples(ab["samples"])
+        )
         results["ablation"] = {**ab, "heads": heads, **head_ablation(model, samples, heads, ab["sink"], ab["recent"])}
     return results
 
@@ -247,8 +273,16 @@ def main(argv: list[str] | None = None) -> None:
     out = train(recipe)
     save_demo_model(out["model"], out["tokenizer"], recipe, out["results"], recipe["output_dir"])
     r = out["results"]
-    print(json.dumps({"exact_match": r["exact_match"], "retrieval_heads": r["retrieval_heads"],
-                      "training_seconds": r["training_seconds"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "exact_match": r["exact_match"],
+                "retrieval_heads": r["retrieval_heads"],
+                "training_seconds": r["training_seconds"],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

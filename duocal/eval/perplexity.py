@@ -5,7 +5,7 @@ scored` tokens are one prefill, then the scored tokens go through the cache in c
 `chunk` tokens, each attending only to what the cache still holds (H2O evicts after every
 chunk; `chunk=1` is token-by-token decoding). The loss of every scored token (predicted from the
 tokens before it) is averaged over windows; ppl = exp(mean loss). Rows are the evaluation rows of
-variants.py (full, duo, streaming, h2o, random), on the same windows.
+row_kinds.py (full, duo, streaming, h2o, random, mix), on the same windows.
 """
 
 from __future__ import annotations
@@ -19,15 +19,23 @@ from typing import Any
 import torch
 
 import duocal_runtime as dr
-from duocal.eval.variants import Progress, DEFAULT_ROWS, NEED_PROFILE, NEED_SPARSITY, Variant, build_variants, check_rows, streaming_window
-
+from duocal.eval.row_kinds import (
+    Progress,
+    RowInputs,
+    RowPlans,
+    build_rows,
+    check_rows,
+    default_rows,
+    require_profile,
+    row_window,
+)
 
 
 @dataclass(frozen=True)
 class PerplexityConfig:
     """What to evaluate. Sizes are tokens; `scored` defaults to half of each window."""
 
-    policies: tuple[str, ...] = DEFAULT_ROWS
+    rows: tuple[str, ...] = default_rows(has_profile=True)
     sparsities: tuple[float, ...] = (0.5,)
     context: int = 2048
     scored: int | None = None
@@ -38,9 +46,9 @@ class PerplexityConfig:
     random_seeds: int = 3
 
     def __post_init__(self):
-        object.__setattr__(self, "policies", tuple(self.policies))
+        object.__setattr__(self, "rows", tuple(self.rows))
         object.__setattr__(self, "sparsities", tuple(float(s) for s in self.sparsities))
-        check_rows(self.policies, self.sparsities)
+        check_rows(self.rows, self.sparsities)
         for name in ("context", "chunk", "windows", "random_seeds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -52,12 +60,12 @@ class PerplexityConfig:
         return self.context // 2 if self.scored is None else self.scored
 
     def window(self, profile: dr.Profile | None) -> dr.SinkWindow:
-        return streaming_window(profile, self.sink, self.recent)
+        return row_window(profile, self.sink, self.recent)
 
 
 @dataclass
 class PerplexityRow:
-    policy: str
+    row: str
     sparsity: float
     context: int
     tokens_scored: int  # per plan: windows x scored tokens
@@ -69,7 +77,8 @@ class PerplexityRow:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if v is not None and k != "extra"}, **self.extra}
+        data = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
+        return {**data, "policy": self.row, **self.extra}  # "policy": the row's old key, kept for one release
 
 
 def text_windows(tokenizer, text: str, context: int, windows: int) -> list[torch.Tensor]:
@@ -77,8 +86,10 @@ def text_windows(tokenizer, text: str, context: int, windows: int) -> list[torch
     ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     count = min(windows, len(ids) // context)
     if count == 0:
-        raise ValueError(f"the text has {len(ids)} tokens, fewer than one window of {context}; "
-                         "use a longer text or a shorter --context")
+        raise ValueError(
+            f"the text has {len(ids)} tokens, fewer than one window of {context}; "
+            "use a longer text or a shorter --context"
+        )
     return [torch.tensor(ids[i * context : (i + 1) * context]) for i in range(count)]
 
 
@@ -98,8 +109,9 @@ def window_losses(model, runtime: dr.Runtime, window: torch.Tensor, scored: int,
     return torch.cat(losses)
 
 
-def plan_ppl(model, plan: dr.Plan, windows: Sequence[torch.Tensor], config: PerplexityConfig,
-             tick: Callable[[], None]) -> float:
+def plan_ppl(
+    model, plan: dr.Plan, windows: Sequence[torch.Tensor], config: PerplexityConfig, tick: Callable[[], None]
+) -> float:
     losses = []
     with dr.apply(model, plan) as runtime:
         for window in windows:
@@ -108,35 +120,45 @@ def plan_ppl(model, plan: dr.Plan, windows: Sequence[torch.Tensor], config: Perp
     return math.exp(float(torch.cat(losses).mean()))
 
 
-def perplexity_row(variant: Variant, config: PerplexityConfig, ppls: list[float], windows: int, dtype, seconds) -> PerplexityRow:
-    plans = variant.plans
+def perplexity_row(
+    row: RowPlans, config: PerplexityConfig, ppls: list[float], windows: int, dtype, seconds: float
+) -> PerplexityRow:
+    plans = row.plans
     full_bytes = dr.uniform_plan(plans[0].shape, dr.Full()).kv_bytes(config.context, 1, dtype)
     kv_bytes = round(sum(p.kv_bytes(config.context, 1, dtype) for p in plans) / len(plans))
     return PerplexityRow(
-        policy=variant.policy, sparsity=variant.sparsity, context=config.context,
-        tokens_scored=windows * config.scored_tokens, ppl=sum(ppls) / len(ppls), kv_bytes=kv_bytes,
-        fraction_of_full=kv_bytes / full_bytes, seconds=round(seconds, 2),
-        per_seed=ppls if variant.seeds is not None else None,
+        row=row.row,
+        sparsity=row.sparsity,
+        context=config.context,
+        tokens_scored=windows * config.scored_tokens,
+        ppl=sum(ppls) / len(ppls),
+        kv_bytes=kv_bytes,
+        fraction_of_full=kv_bytes / full_bytes,
+        seconds=round(seconds, 2),
+        per_seed=ppls if row.seeds is not None else None,
     )
 
 
-def evaluate_perplexity(model, tokenizer, text: str, config: PerplexityConfig = PerplexityConfig(), *,
-                        profile: dr.Profile | None = None, progress: Progress | None = None) -> list[PerplexityRow]:
+def evaluate_perplexity(
+    model,
+    tokenizer,
+    text: str,
+    config: PerplexityConfig = PerplexityConfig(),
+    *,
+    profile: dr.Profile | None = None,
+    progress: Progress | None = None,
+) -> list[PerplexityRow]:
     """Perplexity of `text` for each row kind x sparsity, every plan on the same windows."""
-    needs = [p for p in config.policies if p in NEED_PROFILE]
-    if needs and profile is None:
-        raise ValueError(f"policy '{needs[0]}' needs a profile of this model: pass --profile, or leave "
-                         f"{' and '.join(needs)} out of --policies")
-    if profile is not None:
-        profile.check_compatible(model.config)
+    require_profile(config.rows, profile, model.config)
     model.eval()
     shape, dtype = dr.shape_of_config(model.config), next(model.parameters()).dtype
     windows = text_windows(tokenizer, text, config.context, config.windows)
-    variants = build_variants(shape, config, config.context, config.window(profile), profile)
-    total, done = sum(len(v.plans) for v in variants) * len(windows), 0
+    inputs = RowInputs(shape, config.context, config.window(profile), profile, config.random_seeds)
+    planned = build_rows(config.rows, config.sparsities, inputs)
+    total, done = sum(len(r.plans) for r in planned) * len(windows), 0
     rows = []
-    for variant in variants:
-        label = variant.policy + (f" @ sparsity {variant.sparsity:g}" if variant.policy in NEED_SPARSITY else "")
+    for row in planned:
+        label = row.label
 
         def tick():
             nonlocal done
@@ -145,6 +167,6 @@ def evaluate_perplexity(model, tokenizer, text: str, config: PerplexityConfig = 
                 progress(done, total, label)
 
         started = time.perf_counter()
-        ppls = [plan_ppl(model, plan, windows, config, tick) for plan in variant.plans]
-        rows.append(perplexity_row(variant, config, ppls, len(windows), dtype, time.perf_counter() - started))
+        ppls = [plan_ppl(model, plan, windows, config, tick) for plan in row.plans]
+        rows.append(perplexity_row(row, config, ppls, len(windows), dtype, time.perf_counter() - started))
     return rows

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 import torch
 
 import duocal_runtime as dr
-from duocal_runtime import hf_compat
-
 from duocal.data import PasskeySample
+from duocal_runtime import hf_compat
 
 
 @torch.no_grad()

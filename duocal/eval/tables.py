@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import io
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from duocal.eval.passkey import PasskeyRow
-from duocal_runtime.atomic import write_atomic
+from duocal.eval.passkey_retrieval import PasskeyRow
 from duocal.eval.perplexity import PerplexityRow
-
-POLICY_STYLE = {  # matplotlib colour and marker per policy; hand-made plans get the next free colour
-    "full": ("black", "*"),
-    "duo": ("tab:blue", "o"),
-    "streaming": ("tab:orange", "s"),
-    "h2o": ("tab:green", "^"),
-    "random": ("tab:red", "v"),
-}
+from duocal.eval.row_kinds import ROWS
+from duocal_runtime.atomic import write_atomic
 
 
 def human_bytes(n: float) -> str:
@@ -42,7 +35,7 @@ def heads_text(row: PasskeyRow) -> str:
     """'12/16 sink_window 64+256': non-full heads of all, their policy and sizes."""
     sizes = dict(row.head_policy or {"policy": "full"})
     name = sizes.pop("policy")
-    return f"{row.streaming_heads}/{row.num_heads} {name} {'+'.join(map(str, sizes.values()))}".rstrip()
+    return f"{row.bounded_heads}/{row.num_heads} {name} {'+'.join(map(str, sizes.values()))}".rstrip()
 
 
 def wide_console() -> Console:
@@ -51,61 +44,87 @@ def wide_console() -> Console:
 
 
 def render_ppl_table(rows: Sequence[PerplexityRow], console: Console | None = None, title: str | None = None) -> None:
-    """Policy x sparsity -> perplexity, tokens scored, KV bytes and fraction of full."""
+    """Row x sparsity -> perplexity, tokens scored, KV bytes and fraction of full."""
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    for name in ("policy", "context", "sparsity", "ppl", "tokens scored", "KV bytes", "of full"):
-        table.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
+    for name in ("row", "context", "sparsity", "ppl", "tokens scored", "KV bytes", "of full"):
+        table.add_column(name, justify="left" if name == "row" else "right", no_wrap=True)
     for row in rows:
         ppl = f"{row.ppl:.3f}" + (f" [{min(row.per_seed):.2f}-{max(row.per_seed):.2f}]" if row.per_seed else "")
-        table.add_row(row.policy, str(row.context), f"{row.sparsity:g}", ppl, str(row.tokens_scored),
-                      human_bytes(row.kv_bytes), f"{row.fraction_of_full:.3f}")
+        table.add_row(
+            row.row,
+            str(row.context),
+            f"{row.sparsity:g}",
+            ppl,
+            str(row.tokens_scored),
+            human_bytes(row.kv_bytes),
+            f"{row.fraction_of_full:.3f}",
+        )
     (console or wide_console()).print(table)
 
 
 def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, title: str | None = None) -> None:
-    """Policy x context x sparsity -> exact match, KV bytes (analytic and measured), fraction of full."""
+    """Row x context x sparsity -> exact match, KV bytes (analytic and measured), fraction of full."""
     console = console or wide_console()
     table = Table(title=title, box=box.SIMPLE_HEAD)
-    for name, justify in (("policy", "left"), ("context", "right"), ("sparsity", "right"),
-                          ("exact match", "right"), ("KV bytes", "right"), ("measured", "right"),
-                          ("of full", "right"), ("samples", "right"), ("non-full heads", "left")):
+    for name, justify in (
+        ("row", "left"),
+        ("context", "right"),
+        ("sparsity", "right"),
+        ("exact match", "right"),
+        ("KV bytes", "right"),
+        ("measured", "right"),
+        ("of full", "right"),
+        ("samples", "right"),
+        ("non-full heads", "left"),
+    ):
         table.add_column(name, justify=justify, no_wrap=True)
     for row in rows:
         samples = f"{row.samples}x{len(row.seeds)}" if row.seeds else str(row.samples)
-        table.add_row(row.policy, str(row.context), f"{row.sparsity:g}", exact_match_text(row),
-                      human_bytes(row.kv_bytes), human_bytes(row.kv_bytes_measured),
-                      f"{row.fraction_of_full:.3f}", samples, heads_text(row))
+        table.add_row(
+            row.row,
+            str(row.context),
+            f"{row.sparsity:g}",
+            exact_match_text(row),
+            human_bytes(row.kv_bytes),
+            human_bytes(row.kv_bytes_measured),
+            f"{row.fraction_of_full:.3f}",
+            samples,
+            heads_text(row),
+        )
     console.print(table)
 
 
 def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = None) -> Path:
-    """One panel per context: exact match against analytic KV bytes, a line per policy (random
+    """One panel per context: exact match against analytic KV bytes, a line per row kind (random
     with its min-max over seeds as error bars). Drawn on a bare `Figure` with the Agg canvas, so
     pyplot's global state and backend are left alone."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     contexts = sorted({r.context for r in rows})
-    policies = list(dict.fromkeys(r.policy for r in rows))
+    kinds = list(dict.fromkeys(r.row for r in rows))
     fig = Figure(figsize=(5 * len(contexts), 4))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(contexts), squeeze=False, sharey=True)
     spare = iter(f"C{i}" for i in range(5, 100))
-    styles = {p: POLICY_STYLE.get(p) or (next(spare), "D") for p in policies}
+    styles = {k: ROWS[k].style if k in ROWS else (next(spare), "D") for k in kinds}
     for ax, context in zip(axes[0], contexts):
-        for policy in policies:
-            points = sorted((r for r in rows if r.context == context and r.policy == policy), key=lambda r: r.kv_bytes)
+        for kind in kinds:
+            points = sorted((r for r in rows if r.context == context and r.row == kind), key=lambda r: r.kv_bytes)
             if not points:
                 continue
-            color, marker = styles[policy]
+            color, marker = styles[kind]
             x = [r.kv_bytes / 1024 for r in points]
             y = [r.exact_match for r in points]
             if all(r.min is not None for r in points):
                 # clamped: the mean of draws can exceed their max by a rounding error (1e-17)
-                err = [[max(0.0, r.exact_match - r.min) for r in points], [max(0.0, r.max - r.exact_match) for r in points]]
-                ax.errorbar(x, y, yerr=err, color=color, marker=marker, capsize=3, label=policy)
+                err = [
+                    [max(0.0, r.exact_match - r.min) for r in points],
+                    [max(0.0, r.max - r.exact_match) for r in points],
+                ]
+                ax.errorbar(x, y, yerr=err, color=color, marker=marker, capsize=3, label=kind)
             else:
-                ax.plot(x, y, color=color, marker=marker, label=policy)
+                ax.plot(x, y, color=color, marker=marker, label=kind)
         ax.set_title(f"context {context}")
         ax.set_xlabel("KV cache per sequence (KiB)")
         ax.set_ylim(-0.03, 1.03)

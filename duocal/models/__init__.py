@@ -8,6 +8,18 @@ Every command that takes a model accepts a known name, a local folder, or a `.gg
 
 from .fetch import ModelFetchError, fetch_model, models_dir
 from .known import KNOWN_MODELS, KnownModel
-from .resolve import is_local_path, resolve_model
+from .resolve import DEMO_NAME, ModelRef, is_local_path, load_model, load_tokenizer, resolve_model
 
-__all__ = ["KNOWN_MODELS", "KnownModel", "ModelFetchError", "fetch_model", "is_local_path", "models_dir", "resolve_model"]
+__all__ = [
+    "DEMO_NAME",
+    "KNOWN_MODELS",
+    "KnownModel",
+    "ModelFetchError",
+    "ModelRef",
+    "fetch_model",
+    "is_local_path",
+    "load_model",
+    "load_tokenizer",
+    "models_dir",
+    "resolve_model",
+]

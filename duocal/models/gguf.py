@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 
 class GGUFError(ValueError):
     """A GGUF file that transformers cannot read as a causal LM."""
@@ -18,6 +16,7 @@ class GGUFError(ValueError):
 
 def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
     """Write `out_dir` (must not exist yet or be empty) from `gguf_file`."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_file.parent), gguf_file.name

@@ -23,7 +23,6 @@ class KnownModel:
     description: str
     profile: str | None = None  # the profile the project ships for it, in profiles/
 
-
     @property
     def requirement(self) -> str:
         return f"{self.package}=={self.version}"

@@ -1,9 +1,11 @@
-"""What a model argument means: a known name, a local folder, a `.gguf` file, or a Hub id.
+"""What a model argument means: a known name, a local folder, a `.gguf` file, or a Hub id; and what
+duocal knows about it (`ModelRef`: the name profiles record, the profile the project ships, the
+window and passkey format it is measured with).
 
-A path (something that exists, or that looks like one: absolute, starting with `.` or `~`, more
-than one `/`, a backslash, a file suffix such as `.gguf`) is never sent to the Hub: a missing one
-is an error at once. A Hub id is `owner/name`; a bare name must be a known model or a folder here. A `.gguf` file is converted
-once into `<cache>/models/gguf-<sha256 prefix>/`.
+A path (something that exists, or that looks like one: absolute, starting with `.` or `~`, more than
+one `/`, a backslash, a file suffix such as `.gguf`) is never sent to the Hub: a missing one is an
+error at once. A Hub id is `owner/name`; a bare name must be a known model or a folder here. A
+`.gguf` file is converted once into `<cache>/models/gguf-<sha256 prefix>/`.
 """
 
 from __future__ import annotations
@@ -12,16 +14,97 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from .fetch import MARKER, ModelFetchError, fetch_model, give_umask_modes, models_dir, sha256_file
 from .gguf import convert_gguf
 from .known import KNOWN_MODELS
 
+DEMO_NAME = "duocal/demo-model"  # what profiles record for the bundled demo model (never a machine's path)
+DEMO_PROFILE = "demo-model.json"  # its shipped profile, in profiles/ (package duocal_runtime.prebuilt)
+DEMO_WINDOW = (16, 64)  # (sink, recent) it retrieves with; trained on 1280 tokens at most
+UPSTREAM_WINDOW = (64, 256)  # upstream DuoAttention's deployment window (sink, recent)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model argument resolved once: where it is and what duocal knows about it.
+
+    `path` is a folder transformers loads (or a Hub id); `name` is what a profile records;
+    `default_profile` the file of the profile the project ships for it (None if none);
+    `window` the (sink, recent) it is measured with when nothing else says; `passkey_format` the
+    format of its passkey samples (the demo model's own symbols, else digits).
+    """
+
+    arg: str
+    path: str
+    name: str
+    is_demo: bool
+    default_profile: str | None
+    window: tuple[int, int]
+    passkey_format: str
+
+    @classmethod
+    def resolve(cls, arg: str | Path | None, offline: bool = False, cache_dir: Path | None = None) -> ModelRef:
+        """`arg` (None: the bundled demo model) as a `ModelRef`; fetches a known model once."""
+        from duocal.demo import DEMO_MODEL_DIR, DEMO_PASSKEY_FORMAT
+
+        text = str(DEMO_MODEL_DIR) if arg is None else str(arg)
+        path = resolve_model(text, offline=offline, cache_dir=cache_dir)
+        if _same_folder(path, DEMO_MODEL_DIR):
+            return cls(text, path, DEMO_NAME, True, _shipped(DEMO_PROFILE), DEMO_WINDOW, DEMO_PASSKEY_FORMAT)
+        known = KNOWN_MODELS.get(text)
+        profile = _shipped(known.profile) if known is not None and known.profile else None
+        return cls(text, path, text, False, profile, _deploy_window(profile), "digits")
+
+    def load_config(self):
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.path)
+
+    def load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.path)
+
+    def load_model(self):
+        """The model in its saved dtype, in eval mode."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(self.path).eval()
+
+
+def _same_folder(path: str, folder: Path) -> bool:
+    try:
+        return Path(path).resolve() == folder.resolve()
+    except OSError:
+        return False
+
+
+def _shipped(name: str) -> str | None:
+    shipped = resources.files("duocal_runtime.prebuilt") / name
+    return str(shipped) if shipped.is_file() else None
+
+
+def _deploy_window(profile_file: str | None) -> tuple[int, int]:
+    """The sink window a shipped profile deploys (read from its JSON, no runtime import)."""
+    if profile_file is None:
+        return UPSTREAM_WINDOW
+    deploy = json.loads(Path(profile_file).read_text(encoding="utf-8")).get("deploy", {})
+    window = deploy.get("sizes", {}).get("sink_window", deploy)
+    return window.get("sink", UPSTREAM_WINDOW[0]), window.get("recent", UPSTREAM_WINDOW[1])
+
 
 def is_local_path(arg: str) -> bool:
-    return (Path(arg).expanduser().exists() or arg.startswith(("/", ".", "~")) or arg.count("/") > 1
-            or "\\" in arg or arg.lower().endswith((".gguf", ".json", ".safetensors", ".bin")))
+    return (
+        Path(arg).expanduser().exists()
+        or arg.startswith(("/", ".", "~"))
+        or arg.count("/") > 1
+        or "\\" in arg
+        or arg.lower().endswith((".gguf", ".json", ".safetensors", ".bin"))
+    )
 
 
 def resolve_model(arg: str | Path, offline: bool = False, cache_dir: Path | None = None) -> str:
@@ -31,13 +114,17 @@ def resolve_model(arg: str | Path, offline: bool = False, cache_dir: Path | None
         return str(fetch_model(text, offline=offline, cache_dir=cache_dir))
     if not is_local_path(text):
         if "/" not in text:
-            raise ModelFetchError(f"model {text!r} is neither a folder here nor a known name ({', '.join(KNOWN_MODELS)}); "
-                                  "give a model folder, a .gguf file, or a Hub id as owner/name")
+            raise ModelFetchError(
+                f"model {text!r} is neither a folder here nor a known name ({', '.join(KNOWN_MODELS)}); "
+                "give a model folder, a .gguf file, or a Hub id as owner/name"
+            )
         return text
     path = Path(text).expanduser()
     if not path.exists():
-        raise ModelFetchError(f"model path {text!r} does not exist; give a model folder, a .gguf file, or a known "
-                              f"name ({', '.join(KNOWN_MODELS)})")
+        raise ModelFetchError(
+            f"model path {text!r} does not exist; give a model folder, a .gguf file, or a known "
+            f"name ({', '.join(KNOWN_MODELS)})"
+        )
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelFetchError(f"model {text!r} is a file but not a .gguf file; give a model folder or a .gguf file")
@@ -64,3 +151,12 @@ def converted_gguf(gguf: Path, cache_dir: Path | None = None) -> Path:
                 shutil.rmtree(final)
             os.replace(built, final)
     return final
+
+
+def load_model(arg: str | Path | None):
+    """The model of a known name, folder, .gguf file or Hub id (None: the demo model), in eval mode."""
+    return ModelRef.resolve(arg).load_model()
+
+
+def load_tokenizer(arg: str | Path | None):
+    return ModelRef.resolve(arg).load_tokenizer()

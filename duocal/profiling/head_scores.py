@@ -18,24 +18,12 @@ import duocal_runtime as dr
 
 
 def kept_keys(policy: dr.HeadPolicy, row: int, column_mass: torch.Tensor) -> torch.Tensor:
-    """[G, T] bool: the keys each KV head holds when the query at `row` attends (keys <= row)."""
+    """[G, T] bool: the keys each KV head holds when the query at `row` attends (keys <= row), by
+    the policy's own rule (`HeadPolicy.keeps`) with the column mass as accumulated attention."""
     g, t = column_mass.shape
     keys = torch.arange(t, device=column_mass.device)
-    visible = (keys <= row).expand(g, t)
-    sink = getattr(policy, "sink", 0)
-    recent = getattr(policy, "recent", t)
-    protected = visible & ((keys < sink) | (keys > row - recent))
-    heavy = getattr(policy, "heavy", 0)
-    if heavy == 0:
-        return protected
-    candidates = visible & ~protected
-    score = column_mass.masked_fill(~candidates, float("-inf"))
-    count = min(heavy, int(candidates.sum(-1).max()))
-    chosen = torch.zeros_like(protected)
-    if count:
-        top = score.topk(count, dim=-1).indices
-        chosen.scatter_(1, top, True)
-    return protected | (chosen & candidates)
+    ranks = torch.where(keys <= row, keys, -1).expand(g, t)
+    return policy.keeps(ranks, torch.full((g,), row + 1, device=column_mass.device), column_mass)
 
 
 def kept_share(policy: dr.HeadPolicy, rows: list[int], probs: torch.Tensor, column_mass: torch.Tensor) -> torch.Tensor:

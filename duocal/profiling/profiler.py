@@ -11,7 +11,7 @@ score (passkey data) or 1 − the sink window's kept share (text); its measureme
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -53,8 +53,11 @@ class ProfilerConfig:
         (the sizes `dr.plan` gives these policies from the profile's deploy defaults)."""
         budget = self.sink + self.recent
         heavy = max(1, budget // 2)
-        return [dr.SinkWindow(self.sink, self.recent), dr.H2O(heavy, budget - heavy),
-                dr.SinkH2O(self.sink, heavy, budget - heavy)]
+        return [
+            dr.SinkWindow(self.sink, self.recent),
+            dr.H2O(heavy, budget - heavy),
+            dr.SinkH2O(self.sink, heavy, budget - heavy),
+        ]
 
 
 def sequences(tokenizer, config: ProfilerConfig):
@@ -64,8 +67,15 @@ def sequences(tokenizer, config: ProfilerConfig):
             for window in text_windows(tokenizer, config.text, context, config.samples):
                 yield window.tolist(), list(range(context - min(config.text_rows, context - 1), context)), None
             continue
-        generator = PasskeyGenerator(tokenizer, context_length=context, num_passkeys=config.num_passkeys,
-                                     questions="one", haystack=config.haystack, format=config.format, seed=config.seed)
+        generator = PasskeyGenerator(
+            tokenizer,
+            context_length=context,
+            num_passkeys=config.num_passkeys,
+            questions="one",
+            haystack=config.haystack,
+            format=config.format,
+            seed=config.seed,
+        )
         for sample in generator.samples(config.samples):
             rows, spans = [], []
             for answer in sample.answers:
@@ -94,8 +104,9 @@ def measure(model, tokenizer, config: ProfilerConfig) -> dict[str, torch.Tensor]
 
 def sample_measures(stats, rows, spans, policies, shape: dr.ModelShape) -> dict[str, torch.Tensor]:
     layers = [stats.layers[i] for i in range(shape.num_hidden_layers)]
-    out = {kept_name(p.name): torch.stack([kept_share(p, rows, s.rows, s.column_mass) for s in layers])
-           for p in policies}
+    out = {
+        kept_name(p.name): torch.stack([kept_share(p, rows, s.rows, s.column_mass) for s in layers]) for p in policies
+    }
     if spans is not None:
         out["retrieval"] = torch.stack([retrieval_score(s.rows, spans, shape.num_key_value_heads) for s in layers])
     return out
@@ -108,20 +119,35 @@ def profile_model(model, tokenizer, config: ProfilerConfig, model_name: str | No
     seconds = time.perf_counter() - started
     settings = {"data": config.data, "samples": config.samples, "contexts": list(config.contexts), "seed": config.seed}
     policies = {kept_name(p.name): p for p in config.policies()}
-    measurements = {name: Measurement(_table(values), {**settings, **({"policy": policies[name].to_dict()}
-                                                                     if name in policies else {})}, "profiler")
-                    for name, values in measured.items()}
+    measurements = {
+        name: Measurement(
+            _table(values),
+            {**settings, **({"policy": policies[name].to_dict()} if name in policies else {})},
+            "profiler",
+        )
+        for name, values in measured.items()
+    }
     scores = measured["retrieval"] if "retrieval" in measured else 1.0 - measured[kept_name("sink_window")]
     shape = dr.shape_of_config(model.config)
     archs = getattr(model.config, "architectures", None) or [None]
     info = dr.ModelInfo(shape, model_name, None, archs[0])
-    h2o = policies[kept_name("h2o")]
-    deploy = dr.DeployDefaults(sparsity=0.5, policy="sink_window", sink=config.sink, recent=config.recent,
-                               heavy=h2o.heavy, h2o_recent=h2o.recent)
-    source = {"kind": "profiler", "method": "attention (answer rows in blocks; Wu et al. arXiv 2404.15574)",
-              **settings, "seconds": round(seconds, 2)}
+    deploy = dr.DeployDefaults.of(*config.policies())
+    source = {
+        "kind": "profiler",
+        "method": "attention (answer rows in blocks; Wu et al. arXiv 2404.15574)",
+        **settings,
+        "seconds": round(seconds, 2),
+    }
     return dr.Profile(info, _table(scores), source, deploy, measurements)
 
 
 def _table(values: torch.Tensor) -> list[list[float]]:
     return values.clamp(0.0, 1.0).double().tolist()
+
+
+def with_measurements(base: dr.Profile, measured: dr.Profile) -> dr.Profile:
+    """`base`'s scores and source, `measured`'s measurements, and deploy sizes that plan the measured
+    policies (`duocal profile --scores-from`): one profile serves `duo` (its gates) and `mix`."""
+    deploy = replace(base.deploy, sizes={**base.deploy.sizes, **measured.deploy.sizes})
+    source = {**base.source, "measured_by": measured.source}
+    return replace(base, source=source, deploy=deploy, measurements=measured.measurements)

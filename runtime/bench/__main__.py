@@ -25,8 +25,8 @@ import torch
 
 import duocal_runtime as dr
 
-from . import timing as M
 from . import rows as R
+from . import timing as M
 from .shapes import SHAPES, bench_model, weight_bytes_read
 
 CPU_ROWS = ("dynamic", "full", "stream50", "stream75", "h2o50")
@@ -75,8 +75,22 @@ def add_ratios(results: list[dict], peak_bandwidth: float | None) -> None:
                 r["prefill_speedup"] = b["prefill_s"] / r["prefill_s"]
 
 
-COLUMNS = ["row", "context", "decode_tok_s", "decode_speedup", "bw_frac", "prefill_s", "prefill_speedup", "prefill_first_s",
-           "kv_bytes", "kv_vs_dynamic", "kv_vs_min", "prefill_peak_mb", "decode_peak_mb", "warmup_s"]
+COLUMNS = [
+    "row",
+    "context",
+    "decode_tok_s",
+    "decode_speedup",
+    "bw_frac",
+    "prefill_s",
+    "prefill_speedup",
+    "prefill_first_s",
+    "kv_bytes",
+    "kv_vs_dynamic",
+    "kv_vs_min",
+    "prefill_peak_mb",
+    "decode_peak_mb",
+    "warmup_s",
+]
 
 
 def print_table(results: list[dict]) -> None:
@@ -93,8 +107,11 @@ def parse_args(argv):
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--shape", default="cpu-small", choices=sorted(SHAPES))
     parser.add_argument("--contexts", default="2048,8192,32768")
-    parser.add_argument("--rows", default=None, help=f"comma-separated from {','.join(R.ROWS)} "
-                        f"(default: all on CUDA, {','.join(CPU_ROWS)} on CPU)")
+    parser.add_argument(
+        "--rows",
+        default=None,
+        help=f"comma-separated from {','.join(R.ROWS)} (default: all on CUDA, {','.join(CPU_ROWS)} on CPU)",
+    )
     parser.add_argument("--steps", type=int, default=16, help="decode steps timed per row")
     parser.add_argument("--warmup", type=int, default=3, help="decode steps before timing (compiled rows compile here)")
     parser.add_argument("--max-prefill", type=int, default=8192, help="skip real prefill above this length")

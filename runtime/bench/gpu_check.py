@@ -23,8 +23,16 @@ import duocal_runtime as dr
 
 
 def small_model(dtype) -> LlamaForCausalLM:
-    config = LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
-                         intermediate_size=512, vocab_size=1000, max_position_embeddings=8192, initializer_range=0.2)
+    config = LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=256,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        vocab_size=1000,
+        max_position_embeddings=8192,
+        initializer_range=0.2,
+    )
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to("cuda", dtype).eval()
@@ -38,8 +46,8 @@ def padded_prompts(lengths, vocab=1000):
     mask = torch.zeros_like(ids)
     g = torch.Generator().manual_seed(1)
     for row, n in enumerate(lengths):
-        ids[row, width - n:] = torch.randint(1, vocab, (n,), generator=g)
-        mask[row, width - n:] = 1
+        ids[row, width - n :] = torch.randint(1, vocab, (n,), generator=g)
+        mask[row, width - n :] = 1
     return ids.cuda(), mask.cuda()
 
 
@@ -94,8 +102,10 @@ def main() -> int:
         print("error: no CUDA device; this check is for a GPU machine", file=sys.stderr)
         return 1
     ok = True
-    for name, check in (("all-full bf16 = transformers", check_all_full_bf16),
-                        ("static compiled mixed = dynamic", check_compiled_static_mixed)):
+    for name, check in (
+        ("all-full bf16 = transformers", check_all_full_bf16),
+        ("static compiled mixed = dynamic", check_compiled_static_mixed),
+    ):
         start = time.perf_counter()
         passed = check()
         ok &= passed

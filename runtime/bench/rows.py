@@ -39,7 +39,7 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
         return dr.uniform_plan(shape, dr.Full())
     if row in ("stream50", "stream75"):
         count = shape.num_kv_heads_total * int(row.removeprefix("stream")) // 100
-        return dr.plan_from_streaming_set(shape, set(range(count)), window)
+        return dr.plan_from_bounded_set(shape, set(range(count)), window)
     if row == "h2o50":
         budget = (context + window.budget) // 2  # per head: the mean of full and streaming
         return dr.uniform_plan(shape, dr.H2O(heavy=budget - budget // 2, recent=budget // 2))

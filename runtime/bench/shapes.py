@@ -7,14 +7,33 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 SHAPES = {
     # the CPU default: Llama proportions, small enough for 32k contexts on 2 cores
-    "cpu-small": dict(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16, num_key_value_heads=4,
-                      intermediate_size=2816, vocab_size=32000),
+    "cpu-small": dict(
+        num_hidden_layers=8,
+        hidden_size=1024,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        intermediate_size=2816,
+        vocab_size=32000,
+    ),
     # Llama-3-8B: what users serve on one GPU
-    "llama3-8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
-                      intermediate_size=14336, vocab_size=128256, rope_theta=500000.0),
+    "llama3-8b": dict(
+        num_hidden_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        rope_theta=500000.0,
+    ),
     # seconds on any machine: for tests of the benchmark itself
-    "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=256, vocab_size=1000),
+    "tiny": dict(
+        num_hidden_layers=2,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        vocab_size=1000,
+    ),
 }
 
 

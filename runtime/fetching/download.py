@@ -191,9 +191,7 @@ def _read_body(response, url: str, limit: int, deadline: float, seconds: float) 
     while chunk := response.read(_CHUNK):
         total += len(chunk)
         if total > limit:
-            raise DownloadError(
-                f"{url} sent more than {limit} bytes: it is not a profile. Nothing was cached."
-            )
+            raise DownloadError(f"{url} sent more than {limit} bytes: it is not a profile. Nothing was cached.")
         if time.monotonic() > deadline:
             raise _Transient(f"the download took longer than {seconds:g} s (DUOCAL_HTTP_DEADLINE)")
         chunks.append(chunk)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ..upstream import TSV_NAME
+from ..upstream_layout import CONFIG_NAME, TSV_NAME
 
 DUOCAL, UPSTREAM = "duocal", "upstream-duo-attention"
 FORMAT_FILES = {
     DUOCAL: ("profile.json",),
-    UPSTREAM: (TSV_NAME, "config.json"),
+    UPSTREAM: (TSV_NAME, CONFIG_NAME),
 }
 
 
@@ -19,4 +19,4 @@ def format_of(path: str) -> str:
 
 def upstream_files(tsv: str, folder: str) -> dict[str, str]:
     """Local name -> location of both files of an upstream pattern whose TSV is at `tsv`."""
-    return {TSV_NAME: tsv, "config.json": f"{folder}/config.json"}
+    return {TSV_NAME: tsv, CONFIG_NAME: f"{folder}/{CONFIG_NAME}"}

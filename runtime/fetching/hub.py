@@ -72,14 +72,14 @@ def parse_hf_ref(ref: str) -> HubRef:
     """Parse `hf://OWNER/REPO[/PATH][@REVISION]` (or `hf://datasets/OWNER/REPO...`)."""
     if not ref.startswith(SCHEME):
         raise ProfileError(f"{ref!r} is not a Hub reference: write hf://OWNER/REPO[/PATH][@REVISION]")
-    body, revision = ref[len(SCHEME):], None
+    body, revision = ref[len(SCHEME) :], None
     if "@" in body:
         body, revision = body.split("@", 1)
         if not revision:
             raise ProfileError(f"{ref!r} has an empty revision after '@': give a branch, tag or commit sha")
     repo_type = "model"
     if body.startswith("datasets/"):
-        repo_type, body = "dataset", body[len("datasets/"):]
+        repo_type, body = "dataset", body[len("datasets/") :]
     parts = [p for p in body.split("/") if p]
     if len(parts) < 2 or not all(_REPO_PART.match(p) for p in parts[:2]):
         raise ProfileError(f"{ref!r} does not name a repo: write hf://OWNER/REPO[/PATH][@REVISION]")
@@ -102,11 +102,18 @@ def hub_download(ref: HubRef, filename: str, *, offline: bool = False, force: bo
     from huggingface_hub import hf_hub_download
 
     try:
-        return Path(hf_hub_download(
-            ref.repo_id, filename, repo_type=ref.repo_type, revision=ref.revision,
-            cache_dir=os.environ.get("HF_HUB_CACHE") or None, endpoint=_endpoint(),
-            local_files_only=offline, force_download=force,
-        ))
+        return Path(
+            hf_hub_download(
+                ref.repo_id,
+                filename,
+                repo_type=ref.repo_type,
+                revision=ref.revision,
+                cache_dir=os.environ.get("HF_HUB_CACHE") or None,
+                endpoint=_endpoint(),
+                local_files_only=offline,
+                force_download=force,
+            )
+        )
     except Exception as err:  # huggingface_hub raises many types; all become one clear error
         raise HubError(_download_message(ref, filename, err, offline)) from err
 
@@ -117,11 +124,15 @@ def _download_message(ref: HubRef, filename: str, err: Exception, offline: bool)
     where = f"{filename} from {ref}"
     endpoint = _endpoint() or "https://huggingface.co"
     if offline or isinstance(err, hf.OfflineModeIsEnabled):
-        return (f"{where} is not in the Hugging Face cache and offline mode is on (--offline or "
-                "HF_HUB_OFFLINE=1): run the same pull once with network access")
+        return (
+            f"{where} is not in the Hugging Face cache and offline mode is on (--offline or "
+            "HF_HUB_OFFLINE=1): run the same pull once with network access"
+        )
     if isinstance(err, hf.LocalEntryNotFoundError):  # the Hub could not be reached, and nothing is cached
-        return (f"could not reach {endpoint} for {where}, and it is not in the Hugging Face cache: check the network "
-                "(or HF_ENDPOINT), then pull again")
+        return (
+            f"could not reach {endpoint} for {where}, and it is not in the Hugging Face cache: check the network "
+            "(or HF_ENDPOINT), then pull again"
+        )
     if isinstance(err, hf.RepositoryNotFoundError):
         return f"{where}: repository {ref.repo_id} not found (or private: log in with `hf auth login`)"
     if isinstance(err, hf.RevisionNotFoundError):
@@ -132,7 +143,11 @@ def _download_message(ref: HubRef, filename: str, err: Exception, offline: bool)
 
 
 def upload_folder(
-    folder: str | os.PathLike, ref: HubRef, *, token: str | None = None, private: bool | None = None,
+    folder: str | os.PathLike,
+    ref: HubRef,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
     message: str = "Upload duocal profile",
 ) -> tuple[str, str]:
     """Create `ref`'s repo if needed and commit every file in `folder`; returns (repo URL, commit URL)."""

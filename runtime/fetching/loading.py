@@ -8,13 +8,17 @@ from pathlib import Path
 from ..arguments import require_reference
 from ..errors import ProfileError
 from ..profile import Profile, read_profile_file
-from .pull import pull
 from ..upstream import TSV_NAME, import_upstream
+from .pull import pull
 
 
 def load_profile(
-    ref: str | os.PathLike | Profile, *, offline: bool | None = None, force: bool = False,
-    mirror: str | None = None, cache_dir: str | os.PathLike | None = None,
+    ref: str | os.PathLike | Profile,
+    *,
+    offline: bool | None = None,
+    force: bool = False,
+    mirror: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> Profile:
     """Load a profile from a JSON file or an upstream DuoAttention pattern directory, or pull one.
 

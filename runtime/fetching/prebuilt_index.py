@@ -36,10 +36,10 @@ from typing import Any, Union
 from urllib.parse import urlsplit
 
 from ..errors import ProfileError
+from ..model_shape import SHAPE_FIELDS, ModelShape
 from .formats import DUOCAL, FORMAT_FILES, format_of, upstream_files
 from .hub import SCHEME as HF_SCHEME
 from .hub import HubRef, parse_hf_ref
-from ..model_shape import SHAPE_FIELDS, ModelShape
 
 INDEX_FORMAT, INDEX_VERSION = "duocal.index", 1
 INDEX_ENV = "DUOCAL_INDEX"
@@ -197,8 +197,14 @@ def _entry(item: Any, root: Path) -> IndexEntry:
     if names != sorted(FORMAT_FILES[fmt]):
         raise ProfileError(f"{where}: a {fmt} entry has files {list(FORMAT_FILES[fmt])}, got {names}")
     return IndexEntry(
-        name, _field(item, "model", str, where), fmt, ModelShape(**{k: shape[k] for k in SHAPE_FIELDS}),
-        files, str(item.get("origin") or ""), revision, str(item.get("description") or ""),
+        name,
+        _field(item, "model", str, where),
+        fmt,
+        ModelShape(**{k: shape[k] for k in SHAPE_FIELDS}),
+        files,
+        str(item.get("origin") or ""),
+        revision,
+        str(item.get("description") or ""),
     )
 
 

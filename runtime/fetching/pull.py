@@ -16,84 +16,20 @@ file corrupted on disk heals on the next pull. Nothing is written until a downlo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
-import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..arguments import require_reference
-from ..atomic import write_atomic
-from .download import DownloadSettings, env_mirror, fetch, mirror_url, sha256_hex, verify
 from ..errors import ProfileError
-from .hub import HubRef, env_offline, hub_download, parse_hf_ref
-from .prebuilt_index import IndexEntry, IndexFile, PathSource, PrebuiltIndex, UrlSource, resolve
 from ..profile import Profile, profile_from_dict, profile_to_json, read_profile_file
 from ..upstream import import_upstream
-
-CACHE_ENV = "DUOCAL_CACHE_DIR"
-
-
-def default_cache_dir() -> Path:
-    """DUOCAL_CACHE_DIR, else the platform's per-user cache folder + `duocal`."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    if sys.platform == "win32":
-        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "duocal" / "cache"
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "duocal"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "duocal"
-
-
-def _sha256_file(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-@dataclass(frozen=True)
-class ProfileCache:
-    root: Path
-
-    def folder(self, kind: str, ref: str) -> Path:
-        label = re.sub(r"[^A-Za-z0-9._-]+", "--", ref.split("://")[-1])[-80:].strip("-.")
-        return self.root / "profiles" / kind / f"{label}-{sha256_hex(ref.encode())[:12]}"
-
-    def lookup(self, folder: Path, expected: dict[str, str] | None = None) -> tuple[Path | None, str | None]:
-        """(profile path, None) if the entry is whole; (None, why) if damaged; (None, None) if absent."""
-        try:
-            origin = json.loads((folder / "origin.json").read_text())
-            files, profile_sha = dict(origin["files"]), str(origin["profile_sha256"])
-        except FileNotFoundError:
-            return None, None
-        except (OSError, ValueError, KeyError, TypeError):
-            return None, "origin.json is unreadable"
-        if expected is not None and files != expected:
-            return None, "the index now pins different files"
-        for name, sha in sorted(files.items()):
-            if _sha256_file(folder / "raw" / name) != sha:
-                return None, f"raw/{name} does not match its sha256"
-        if _sha256_file(folder / "profile.json") != profile_sha:
-            return None, "profile.json does not match its sha256"
-        return folder / "profile.json", None
-
-    def store(self, folder: Path, ref: str, raw: dict[str, bytes], profile_bytes: bytes) -> Path:
-        """Write raw files, then profile.json, then origin.json (which makes the entry valid)."""
-        origin = {"ref": ref, "files": {n: sha256_hex(d) for n, d in sorted(raw.items())},
-                  "profile_sha256": sha256_hex(profile_bytes)}
-        try:
-            for name, data in sorted(raw.items()):
-                write_atomic(folder / "raw" / name, data)
-            path = write_atomic(folder / "profile.json", profile_bytes)
-            write_atomic(folder / "origin.json", json.dumps(origin, indent=2) + "\n")
-        except OSError as err:
-            raise ProfileError(f"cannot write the profile cache at {self.root} ({err}): "
-                               f"set {CACHE_ENV} to a writable folder") from None
-        return path
+from .download import DownloadSettings, env_mirror, fetch, mirror_url, sha256_hex, verify
+from .hub import HubRef, env_offline, hub_download, parse_hf_ref
+from .prebuilt_index import IndexEntry, IndexFile, PathSource, PrebuiltIndex, UrlSource, resolve
+from .profile_cache import CACHE_ENV, ProfileCache, default_cache_dir
 
 
 @dataclass(frozen=True)
@@ -108,8 +44,13 @@ class PulledProfile:
 
 
 def pull(
-    ref: str | os.PathLike, *, offline: bool | None = None, force: bool = False, mirror: str | None = None,
-    cache_dir: str | os.PathLike | None = None, settings: DownloadSettings | None = None,
+    ref: str | os.PathLike,
+    *,
+    offline: bool | None = None,
+    force: bool = False,
+    mirror: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    settings: DownloadSettings | None = None,
     index: PrebuiltIndex | None = None,
 ) -> PulledProfile:
     """Resolve `ref` (name, URL, hf://, path), fetch and verify what is missing, return the cached profile.
@@ -134,8 +75,10 @@ def pull(
 
 def _local(source: PathSource) -> PulledProfile:
     if source.path.is_dir():
-        raise ProfileError(f"{source.path} is a folder: load it directly, or convert it with "
-                           f"`duocal profiles import-upstream {source.path} -o OUT.json`")
+        raise ProfileError(
+            f"{source.path} is a folder: load it directly, or convert it with "
+            f"`duocal profiles import-upstream {source.path} -o OUT.json`"
+        )
     return PulledProfile(source.path, read_profile_file(source.path), str(source.path), "local")
 
 
@@ -174,8 +117,10 @@ class _Puller:
         raw = {f.name: self._read(f) for f in entry.files}
         profile, data = _convert(entry.format, raw, entry.name, entry.revision)
         if profile.shape != entry.shape:
-            raise ProfileError(f"{entry.name}: the index says {entry.shape.describe()} but the files hold "
-                               f"{profile.shape.describe()}; the index entry is wrong. Nothing was cached.")
+            raise ProfileError(
+                f"{entry.name}: the index says {entry.shape.describe()} but the files hold "
+                f"{profile.shape.describe()}; the index entry is wrong. Nothing was cached."
+            )
         path = self.cache.store(folder, entry.name, raw, data)
         return PulledProfile(path, profile, entry.name, "shipped" if entry.shipped else "download", note)
 
@@ -205,8 +150,10 @@ class _Puller:
         if path is not None:
             return PulledProfile(path, read_profile_file(path), label, "cache"), None
         if problem and self.offline:
-            raise ProfileError(f"the cached copy of {label} in {folder} is unusable ({problem}) and offline "
-                               "mode is on (--offline or HF_HUB_OFFLINE=1): pull it again with network access")
+            raise ProfileError(
+                f"the cached copy of {label} in {folder} is unusable ({problem}) and offline "
+                "mode is on (--offline or HF_HUB_OFFLINE=1): pull it again with network access"
+            )
         return None, (f"cached copy was unusable ({problem}); fetched again" if problem else None)
 
     def _require_network(self, label: str, local: bool = False) -> None:
@@ -225,8 +172,7 @@ class _Puller:
             ref = parse_hf_ref(file.url)
             data, where = hub_download(ref, ref.path, offline=self.offline).read_bytes(), file.url
         else:
-            return fetch(mirror_url(file.url, self.mirror), sha256=file.sha256, size=file.size,
-                         settings=self.settings)
+            return fetch(mirror_url(file.url, self.mirror), sha256=file.sha256, size=file.size, settings=self.settings)
         verify(data, where, file.sha256, file.size)
         return data
 
@@ -234,10 +180,13 @@ class _Puller:
         try:
             verify(file.local.read_bytes(), str(file.local), file.sha256, file.size)
         except (OSError, ProfileError) as err:
-            raise ProfileError(f"shipped profile {entry.name} is damaged or missing ({err}); "
-                               "reinstall duocal") from None
+            raise ProfileError(
+                f"shipped profile {entry.name} is damaged or missing ({err}); reinstall duocal"
+            ) from None
         profile = read_profile_file(file.local)
         if profile.shape != entry.shape:
-            raise ProfileError(f"{entry.name}: the index says {entry.shape.describe()} but {file.local} "
-                               f"holds {profile.shape.describe()}")
+            raise ProfileError(
+                f"{entry.name}: the index says {entry.shape.describe()} but {file.local} "
+                f"holds {profile.shape.describe()}"
+            )
         return PulledProfile(file.local, profile, entry.name, "shipped")

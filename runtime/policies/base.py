@@ -55,12 +55,17 @@ def policy_from_dict(data: dict) -> HeadPolicy:
 
 
 @dataclass(frozen=True)
-class HeadPolicy:
-    """Base of every policy. Subclasses are frozen dataclasses whose fields are token counts."""
+class HeadPolicy(ABC):
+    """Base of every policy. Subclasses are frozen dataclasses whose fields are its sizes (token counts).
+
+    A policy owns its rule: `keeps` says which slots a head holds, and the groups it builds
+    (`make_group`), the static groups and the profiler all ask it. Its fields are its sizes
+    everywhere (plans, profiles' deploy defaults, measurements): a new policy or size field needs no
+    edit elsewhere.
+    """
 
     name: ClassVar[str]
     bounded: ClassVar[bool] = True  # keeps at most `budget` tokens per head
-    deploy_names: ClassVar[dict[str, str]] = {}  # size field -> profile deploy default, where the names differ
 
     def __post_init__(self):
         for f in fields(self):
@@ -77,33 +82,49 @@ class HeadPolicy:
         """Tokens one head holds after `seq_len` real tokens (the analytic size of its cache)."""
         return seq_len if self.budget is None else min(seq_len, self.budget)
 
+    def sizes(self) -> dict[str, int]:
+        """The policy's size fields by name (what profiles and plans store)."""
+        return asdict(self)
+
     def to_dict(self) -> dict:
-        return {"policy": self.name, **asdict(self)}
+        return {"policy": self.name, **self.sizes()}
 
-    @classmethod
-    def from_deploy(cls, deploy: Any, **sizes: int | None) -> HeadPolicy:
-        """This policy with `sizes`, falling back to the profile's deploy defaults (`deploy_names`)."""
-        chosen = {f.name: sizes.get(f.name) if sizes.get(f.name) is not None
-                  else getattr(deploy, cls.deploy_names.get(f.name, f.name), None) for f in fields(cls)}
-        return cls(**{k: v for k, v in chosen.items() if v is not None})
+    @abstractmethod
+    def keeps(self, k_rank: torch.Tensor, real_total: torch.Tensor, score: torch.Tensor | None = None) -> torch.Tensor:
+        """The rule: which slots one head holds once `real_total` real tokens were seen.
 
+        k_rank [..., S] (each slot's rank, -1 empty), real_total [...] (broadcast over S), score
+        [..., S] the attention mass accumulated per slot (for policies that choose by it) -> [..., S] bool.
+        """
+
+    @abstractmethod
     def make_group(self, kv_heads: list[int], rep: int, max_length: int | None = None) -> HeadGroup:
         """Storage and attention for `kv_heads` of one layer (`rep` query heads each). With
         `max_length`, a static group: fixed buffers, compileable decode steps."""
-        raise NotImplementedError(f"policy {self.name!r} does not define make_group")
 
 
 class HeadGroup(ABC):
     """Storage and attention for the KV heads of one layer that share a policy.
 
     Owns key/value tensors of shape [B, G, S, D] (G = len(kv_heads)) and attends its query
-    heads (R = `rep` per KV head, [B, G*R, T, D]) to them.
+    heads (R = `rep` per KV head, [B, G*R, T, D]) to them. Bounded groups record each slot's
+    real-token rank in `rank` ([B, S] when every head of the group keeps the same slots, [B, G, S]
+    when each head keeps its own; -1 for an empty slot). What a group must do, as transformers'
+    `CacheLayerMixin` declares what a cache layer must do:
+
+    - `attend(q, k, v, step)`: store the pass's new tokens, attend, evict (every pass of a dynamic
+      cache, and prefill passes of a static one);
+    - `decode(q, k, v, step)`: one token per row in a static group, with no host sync and no
+      data-dependent shape (static groups only);
+    - `fill(...)`: take the state a prompt leaves, with random keys and values (benchmarks);
+    - `stored_tokens`, `nbytes`, `kept_ranks`, `select_batch`: inspection and beam reordering.
     """
 
     def __init__(self, policy: HeadPolicy, kv_heads: list[int], rep: int):
         self.policy, self.kv_heads, self.rep = policy, kv_heads, rep
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.rank: torch.Tensor | None = None
 
     @property
     def num_kv(self) -> int:
@@ -114,21 +135,32 @@ class HeadGroup(ABC):
         return 0 if self.k is None else self.k.nbytes + self.v.nbytes
 
     def stored_tokens(self) -> int:
+        """Slots held per row and head (allocated ones, for static groups)."""
         return 0 if self.k is None else self.k.shape[2]
 
     def select_batch(self, index: torch.Tensor) -> None:
+        """Keep the rows `index` (beam search, batch selection), in that order."""
         for name, value in vars(self).items():
             if isinstance(value, torch.Tensor) and value.ndim >= 2:
                 setattr(self, name, value.index_select(0, index.to(value.device)))
 
     def kept_ranks(self, row: int, head: int) -> set[int]:
         """Real-token ranks that KV head `head` (index within the group) of batch row `row` holds."""
+        if self.rank is None:
+            return set()
         rank = self.rank[row, head] if self.rank.ndim == 3 else self.rank[row]
         return {int(r) for r in rank if r >= 0}
 
     @abstractmethod
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step) -> torch.Tensor:
         """q [B, G*R, T, D], k/v [B, G, T, D] for the new tokens -> output [B, G*R, T, D]."""
+
+    def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: DecodeStep) -> torch.Tensor:
+        """One new token per row of a static cache: q [B, G*R, 1, D], k/v [B, G, 1, D] -> [B, G*R, 1, D]."""
+        raise NotImplementedError(
+            f"policy {self.policy.name!r} has no static group; use a dynamic cache "
+            "(runtime.new_cache() without max_length)"
+        )
 
     @abstractmethod
     def fill(self, batch: int, context: int, head_dim: int, dtype: torch.dtype, device: Any) -> None:

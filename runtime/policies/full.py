@@ -32,8 +32,8 @@ class Full(HeadPolicy):
     name = "full"
     bounded = False
 
-    def to_dict(self) -> dict:
-        return {"policy": self.name}
+    def keeps(self, k_rank, real_total, score=None):
+        return k_rank >= 0
 
     def make_group(self, kv_heads, rep, max_length=None):
         if max_length is None:
@@ -53,6 +53,9 @@ class FullGroup(HeadGroup):
 
     def kept_ranks(self, row, head):
         raise ValueError("full heads keep every token; kept ranks are tracked for bounded heads")
+
+    def decode(self, q, k, v, step):
+        raise NotImplementedError("a dynamic full group has no static decode; make the cache with max_length")
 
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         needed = self.length + k.shape[2]

@@ -22,25 +22,65 @@ from ..scored_attention import attention_with_mass
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
 from .static_buffers import allocate_static
 
-@register_policy
+
 @dataclass(frozen=True)
-class H2O(HeadPolicy):
-    name = "h2o"
-    deploy_names = {"recent": "h2o_recent"}
-    heavy: int = 128
-    recent: int = 128
+class HeavyHitterPolicy(HeadPolicy):
+    """The rule of `h2o` and `sink_h2o` (fields `heavy`, `recent`, and `sink` for sink_h2o): the
+    last `recent` and the first `sinks_kept` real tokens are never evicted; the other kept slots are
+    the `heavy` with the largest accumulated attention. Not a policy by itself (not registered)."""
+
+    @property
+    def sinks_kept(self) -> int:
+        return 0
+
+    def protected(self, k_rank: torch.Tensor, real_total: torch.Tensor) -> torch.Tensor:
+        """[..., S] slots never evicted once `real_total` [...] real tokens were seen."""
+        return R.in_sink_or_recent(k_rank, real_total[..., None] - 1, self.sinks_kept, self.recent)
+
+    def priority(self, score: torch.Tensor, k_rank: torch.Tensor, real_total: torch.Tensor) -> torch.Tensor:
+        """Eviction priority (higher is kept): +inf protected, accumulated score, -inf empty. [..., S]."""
+        prio = torch.where(self.protected(k_rank, real_total), torch.full_like(score, float("inf")), score)
+        return torch.where(k_rank >= 0, prio, torch.full_like(score, float("-inf")))
+
+    def keep_slots(self, priority: torch.Tensor) -> torch.Tensor | None:
+        """The `budget` slots of highest priority, in slot order; None when nothing goes.
+
+        [..., S] -> [..., S'] with S' = min(budget, most real tokens of any row and head): empty
+        slots (priority -inf) are dropped first, so padding is never kept.
+        """
+        count = min(self.budget, int((priority > float("-inf")).sum(-1).max().item()))
+        if count == priority.shape[-1]:
+            return None
+        return priority.topk(count, dim=-1).indices.sort(dim=-1).values
+
+    def keeps(self, k_rank, real_total, score=None):
+        if score is None:
+            raise ValueError(f"{self.name} keeps tokens by accumulated attention: pass score")
+        priority = self.priority(score, k_rank, real_total)
+        kept = self.keep_slots(priority)
+        if kept is None:
+            return k_rank >= 0
+        return torch.zeros_like(k_rank, dtype=torch.bool).scatter_(-1, kept, True) & (k_rank >= 0)
 
     def make_group(self, kv_heads, rep, max_length=None):
         return H2OGroup(self, kv_heads, rep) if max_length is None else StaticH2OGroup(self, kv_heads, rep)
 
 
+@register_policy
+@dataclass(frozen=True)
+class H2O(HeavyHitterPolicy):
+    name = "h2o"
+    heavy: int = 128
+    recent: int = 128
+
+
 class H2OGroup(HeadGroup):
     """Stores at most `budget` slots per head (one more during a decode step, before eviction)."""
 
+    policy: HeavyHitterPolicy
+
     def __init__(self, policy, kv_heads, rep):
         super().__init__(policy, kv_heads, rep)
-        self.sink = getattr(policy, "sink", 0)
-        self.rank: torch.Tensor | None = None
         self.score: torch.Tensor | None = None
 
     def attend(self, q, k, v, step: Step):
@@ -80,7 +120,7 @@ class H2OGroup(HeadGroup):
         if valid is not None:
             mass = mass * valid[:, None, None]  # padding queries add no attention mass
         self.score += mass[..., :-1]
-        priority = R.h2o_priority(self.score, self.rank, real_after, self.sink, self.policy.recent)
+        priority = self.policy.priority(self.score, self.rank, real_after[:, None])
         slot = priority.argmin(-1, keepdim=True)  # [B, G, 1]: an empty slot, else the lowest-scoring evictable
         self._write_slot(slot, k, v, new_rank[:, None, None].expand_as(slot), mass[..., -1:], valid)
         return DA.gqa_outputs(out, q.shape[1])
@@ -108,8 +148,7 @@ class H2OGroup(HeadGroup):
         return out
 
     def _evict(self, real_after):
-        priority = R.h2o_priority(self.score, self.rank, real_after, self.sink, self.policy.recent)
-        keep = R.h2o_keep_slots(priority, self.policy.budget)
+        keep = self.policy.keep_slots(self.policy.priority(self.score, self.rank, real_after[:, None]))
         if keep is None:
             return
         self.k, self.v = R.gather_slots(self.k, keep), R.gather_slots(self.v, keep)

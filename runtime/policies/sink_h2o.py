@@ -8,18 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import HeadPolicy, register_policy
-from .h2o import H2O, H2OGroup, StaticH2OGroup
+from .base import register_policy
+from .h2o import HeavyHitterPolicy
 
 
 @register_policy
 @dataclass(frozen=True)
-class SinkH2O(HeadPolicy):
+class SinkH2O(HeavyHitterPolicy):
     name = "sink_h2o"
-    deploy_names = H2O.deploy_names
     sink: int = 4
     heavy: int = 124
     recent: int = 128
 
-    def make_group(self, kv_heads, rep, max_length=None):
-        return H2OGroup(self, kv_heads, rep) if max_length is None else StaticH2OGroup(self, kv_heads, rep)
+    @property
+    def sinks_kept(self) -> int:
+        return self.sink

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from .. import ranks as R
+from ..dense_attention import decode_sdpa
 from ..window_attention import sink_window_attention
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
-from ..dense_attention import decode_sdpa
 from .static_buffers import allocate_static
 
 
@@ -26,6 +26,15 @@ class SinkWindow(HeadPolicy):
     name = "sink_window"
     sink: int = 64
     recent: int = 256
+
+    def sees(self, q_rank: torch.Tensor, k_rank: torch.Tensor) -> torch.Tensor:
+        """Attention visibility, elementwise (broadcasting): the key is real, not after the query, and
+        among the first `sink` or the last `recent` up to it. Used in dense masks and FlexAttention."""
+        return (q_rank >= 0) & (k_rank <= q_rank) & R.in_sink_or_recent(k_rank, q_rank, self.sink, self.recent)
+
+    def keeps(self, k_rank, real_total, score=None):
+        """What the next query could still see: sinks and the last `recent` of `real_total` tokens."""
+        return R.in_sink_or_recent(k_rank, real_total[..., None] - 1, self.sink, self.recent)
 
     def make_group(self, kv_heads, rep, max_length=None):
         if max_length is None:
@@ -43,10 +52,6 @@ class SinkWindowGroup(HeadGroup):
     """Stores exactly min(T, sink + recent) slots per row."""
 
     policy: SinkWindow
-
-    def __init__(self, policy, kv_heads, rep):
-        super().__init__(policy, kv_heads, rep)
-        self.rank: torch.Tensor | None = None
 
     def attend(self, q, k, v, step: Step):
         if q.shape[2] == 1 and self.k is not None and step.all_valid:
@@ -76,9 +81,8 @@ class SinkWindowGroup(HeadGroup):
             self.rank = step.new_ranks[:, :0]
         keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
         ranks = torch.cat([self.rank, step.new_ranks], dim=1)
-        out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy.sink, self.policy.recent,
-                                    step.scaling)
-        keep = R.sink_window_keep(ranks, step.real_after, self.policy.sink, self.policy.recent)
+        out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy, step.scaling)
+        keep = self.policy.keeps(ranks, step.real_after)
         order, count = R.compact_order(keep)
         index = order[:, :count]
         self.k, self.v = R.gather_slots(keys, index), R.gather_slots(values, index)
@@ -110,9 +114,8 @@ class StaticSinkWindowGroup(SinkWindowGroup):
             self._allocate(k)
         keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
         ranks = torch.cat([self.rank, step.new_ranks], dim=1)
-        out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy.sink, self.policy.recent,
-                                    step.scaling)
-        keep = R.sink_window_keep(ranks, step.real_after, self.policy.sink, self.policy.recent)
+        out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy, step.scaling)
+        keep = self.policy.keeps(ranks, step.real_after)
         self._store(keys, values, ranks, keep)
         return out
 

@@ -17,7 +17,7 @@ def mark_static(tensor: torch.Tensor) -> torch.Tensor:
 def allocate_static(like: torch.Tensor, slots: int, fill: float = 0) -> torch.Tensor:
     """A buffer typed and placed like `like`, with its slot dim (2 for [B, G, S, ...], else 1) of `slots`."""
     dim = 2 if like.ndim >= 3 else 1
-    shape = (*like.shape[:dim], slots, *like.shape[dim + 1:])
+    shape = (*like.shape[:dim], slots, *like.shape[dim + 1 :])
     return mark_static(torch.full(shape, fill, dtype=like.dtype, device=like.device))
 
 

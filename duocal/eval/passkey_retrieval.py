@@ -1,11 +1,11 @@
 """Passkey retrieval through the per-head KV cache, for several policies at matching KV budgets.
 
 Every row is greedy exact match: the model generates as many tokens as the answer has, under
-`model.generate()` with a `DuoCache` from `duocal_runtime.apply`, so evicted tokens are really
-gone (not masked). All rows see the same samples (one generator per context, same seed); the
-rows (full, duo, streaming, h2o, random) are described in variants.py. KV bytes are analytic (`Plan.kv_bytes` at the context length, one
-sequence, the model's dtype) and measured (`DuoCache.kv_bytes()` at the end of generation, per
-sequence, including the slack of growing full-head buffers and left padding).
+`model.generate()` with a `DuoCache` from `duocal_runtime.apply`, so evicted tokens are really gone
+(not masked). All rows see the same samples (one generator per context, same seed); the rows (full,
+duo, streaming, h2o, random, mix) are described in row_kinds.py. KV bytes are analytic (`Plan.kv_bytes`
+at the context length, one sequence, the model's dtype) and measured (`DuoCache.kv_bytes()` at the
+end of generation, per sequence, including the slack of growing full-head buffers and left padding).
 """
 
 from __future__ import annotations
@@ -21,12 +21,21 @@ import duocal_runtime as dr
 from duocal.data import PasskeyGenerator, PasskeySample
 from duocal.data.padding import pad_batch, pad_token_id
 from duocal.demo import DEMO_PASSKEY_FORMAT
-from duocal.eval.variants import Progress, DEFAULT_ROWS, NEED_PROFILE, Variant, build_variants, check_rows, head_policy, streaming_window
+from duocal.eval.row_kinds import (
+    Progress,
+    RowInputs,
+    RowPlans,
+    build_rows,
+    check_rows,
+    default_rows,
+    head_policy,
+    require_profile,
+    row_window,
+)
 from duocal_runtime.hf_compat import check_model_supported
 
 # Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
 EVAL_SEED = 7777
-
 
 
 @dataclass(frozen=True)
@@ -34,7 +43,7 @@ class PasskeyEvalConfig:
     """What to evaluate. Sizes are tokens; `sink` / `recent` default to the profile's deploy sizes
     (else 64 / 256, upstream DuoAttention's deployment window)."""
 
-    policies: tuple[str, ...] = DEFAULT_ROWS  # row kinds (variants.py); the CLI calls them --policies
+    rows: tuple[str, ...] = default_rows(has_profile=True)  # row kinds (row_kinds.py)
     sparsities: tuple[float, ...] = (0.25, 0.5, 0.75)
     contexts: tuple[int, ...] = (512, 1024)
     samples: int = 40
@@ -49,10 +58,10 @@ class PasskeyEvalConfig:
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
-        set_("policies", tuple(self.policies))
+        set_("rows", tuple(self.rows))
         set_("sparsities", tuple(float(s) for s in self.sparsities))
         set_("contexts", tuple(int(c) for c in self.contexts))
-        check_rows(self.policies, self.sparsities)
+        check_rows(self.rows, self.sparsities)
         if not self.contexts or any(c < 1 for c in self.contexts):
             raise ValueError(f"contexts must be positive token counts, got {list(self.contexts)}")
         for name in ("samples", "random_seeds", "batch_size"):
@@ -64,14 +73,14 @@ class PasskeyEvalConfig:
                 raise ValueError(f"{name} must be a positive number of tokens, got {value}")
 
     def window(self, profile: dr.Profile | None) -> dr.SinkWindow:
-        return streaming_window(profile, self.sink, self.recent)
+        return row_window(profile, self.sink, self.recent)
 
 
 @dataclass
 class PasskeyRow:
-    """One (policy, context, sparsity): exact match and KV bytes per sequence."""
+    """One (row, context, sparsity): exact match and KV bytes per sequence."""
 
-    policy: str
+    row: str
     context: int
     sparsity: float  # requested fraction of non-full KV heads (0 for full, 1 for streaming)
     exact_match: float  # mean over samples (and seeds, for random)
@@ -80,7 +89,7 @@ class PasskeyRow:
     kv_bytes_full: int
     fraction_of_full: float
     samples: int
-    streaming_heads: int
+    bounded_heads: int
     num_heads: int
     head_policy: dict[str, Any] | None  # the non-full policy and its sizes
     seconds: float
@@ -92,7 +101,7 @@ class PasskeyRow:
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
-        return {**data, **self.extra}
+        return {**data, "policy": self.row, **self.extra}  # "policy": the row's old key, kept for one release
 
 
 @dataclass(frozen=True)
@@ -103,8 +112,7 @@ class Batch:
 
 
 # --- checks ---------------------------------------------------------------------------------
-def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile | None = None,
-               tokenizer=None) -> None:
+def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile | None = None, tokenizer=None) -> None:
     """Raise `ValueError` if the options do not fit this model (and, given its tokenizer, if the
     passkeys do not fit every context): cheap, so it can run before the weights are loaded."""
     check_model_supported(model_config)
@@ -112,14 +120,11 @@ def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile
     limit = getattr(text_config, "max_position_embeddings", None)
     too_long = [c for c in config.contexts if limit is not None and c > limit]
     if too_long:
-        raise ValueError(f"context {too_long[0]} is beyond the model's max_position_embeddings ({limit}); "
-                         "evaluate at most that many tokens")
-    needs = [p for p in config.policies if p in NEED_PROFILE]
-    if needs and profile is None:
-        raise ValueError(f"policy '{needs[0]}' needs a profile of this model: pass --profile (a file or prebuilt name, "
-                         f"see duocal profiles list), or leave {' and '.join(needs)} out of --policies")
-    if profile is not None:
-        profile.check_compatible(model_config)
+        raise ValueError(
+            f"context {too_long[0]} is beyond the model's max_position_embeddings ({limit}); "
+            "evaluate at most that many tokens"
+        )
+    require_profile(config.rows, profile, model_config)
     if tokenizer is not None:
         for context in config.contexts:
             passkey_generator(tokenizer, context, config)  # checks the largest sample fits
@@ -129,8 +134,13 @@ def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile
 def passkey_generator(tokenizer, context: int, config: PasskeyEvalConfig) -> PasskeyGenerator:
     """Samples of exactly `context` tokens with one question each (the demo recipe's final eval)."""
     return PasskeyGenerator(
-        tokenizer, context_length=context, num_passkeys=config.num_passkeys, questions="one",
-        haystack=config.haystack, format=config.format, seed=config.seed,
+        tokenizer,
+        context_length=context,
+        num_passkeys=config.num_passkeys,
+        questions="one",
+        haystack=config.haystack,
+        format=config.format,
+        seed=config.seed,
     )
 
 
@@ -153,15 +163,20 @@ def greedy_answers(model, runtime: dr.Runtime, batch: Batch, pad_id: int) -> tup
     """Greedy continuations (as long as each answer) through the runtime's cache, and its bytes."""
     cache = runtime.new_cache()
     out = model.generate(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, cache=cache, do_sample=False,
-        max_new_tokens=max(len(a) for a in batch.answers), pad_token_id=pad_id,
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        cache=cache,
+        do_sample=False,
+        max_new_tokens=max(len(a) for a in batch.answers),
+        pad_token_id=pad_id,
     )
-    new = out[:, batch.input_ids.shape[1]:].tolist()  # [B, new tokens]
+    new = out[:, batch.input_ids.shape[1] :].tolist()  # [B, new tokens]
     return [tuple(row[: len(a)]) for row, a in zip(new, batch.answers)], cache.kv_bytes()
 
 
-def run_plan(model, plan: dr.Plan, batches: Sequence[Batch], pad_id: int,
-             tick: Callable[[int], None] = lambda n: None) -> tuple[list[bool], int]:
+def run_plan(
+    model, plan: dr.Plan, batches: Sequence[Batch], pad_id: int, tick: Callable[[int], None] = lambda n: None
+) -> tuple[list[bool], int]:
     """Exact match per sample, and the most KV bytes one sequence held (measured)."""
     hits: list[bool] = []
     measured = 0
@@ -174,30 +189,44 @@ def run_plan(model, plan: dr.Plan, batches: Sequence[Batch], pad_id: int,
     return hits, measured
 
 
-def passkey_row(variant: Variant, context: int, results: list[tuple[list[bool], int]], dtype: Any,
-             seconds: float) -> PasskeyRow:
-    plans = variant.plans
+def passkey_row(
+    row: RowPlans, context: int, results: list[tuple[list[bool], int]], dtype: Any, seconds: float
+) -> PasskeyRow:
+    plans = row.plans
     full_bytes = dr.uniform_plan(plans[0].shape, dr.Full()).kv_bytes(context, 1, dtype)
     kv_bytes = round(sum(p.kv_bytes(context, 1, dtype) for p in plans) / len(plans))
     accuracies = [sum(hits) / len(hits) for hits, _ in results]
-    row = PasskeyRow(
-        policy=variant.policy, context=context, sparsity=variant.sparsity,
-        exact_match=sum(accuracies) / len(accuracies), kv_bytes=kv_bytes,
-        kv_bytes_measured=max(m for _, m in results), kv_bytes_full=full_bytes,
-        fraction_of_full=kv_bytes / full_bytes, samples=len(results[0][0]),
-        streaming_heads=plans[0].num_streaming, num_heads=plans[0].num_heads,
-        head_policy=head_policy(plans[0]), seconds=round(seconds, 2),
+    out = PasskeyRow(
+        row=row.row,
+        context=context,
+        sparsity=row.sparsity,
+        exact_match=sum(accuracies) / len(accuracies),
+        kv_bytes=kv_bytes,
+        kv_bytes_measured=max(m for _, m in results),
+        kv_bytes_full=full_bytes,
+        fraction_of_full=kv_bytes / full_bytes,
+        samples=len(results[0][0]),
+        bounded_heads=plans[0].num_bounded,
+        num_heads=plans[0].num_heads,
+        head_policy=head_policy(plans[0]),
+        seconds=round(seconds, 2),
     )
-    if variant.seeds is not None:
-        row.seeds, row.per_seed = list(variant.seeds), accuracies
-        row.min, row.max = min(accuracies), max(accuracies)
-    return row
+    if row.seeds is not None:
+        out.seeds, out.per_seed = list(row.seeds), accuracies
+        out.min, out.max = min(accuracies), max(accuracies)
+    return out
 
 
-def evaluate_passkey(model, tokenizer, config: PasskeyEvalConfig = PasskeyEvalConfig(), *,
-                     profile: dr.Profile | None = None, plans: Mapping[str, dr.Plan] | None = None,
-                     progress: Progress | None = None) -> list[PasskeyRow]:
-    """Exact-match passkey retrieval for each policy x context x sparsity (plus hand-made `plans`,
+def evaluate_passkey(
+    model,
+    tokenizer,
+    config: PasskeyEvalConfig = PasskeyEvalConfig(),
+    *,
+    profile: dr.Profile | None = None,
+    plans: Mapping[str, dr.Plan] | None = None,
+    progress: Progress | None = None,
+) -> list[PasskeyRow]:
+    """Exact-match passkey retrieval for each row x context x sparsity (plus hand-made `plans`,
     one row each per context, named by their key). Checks everything and builds every sample and
     plan before the first generation."""
     check_eval(config, model.config, profile)
@@ -209,7 +238,8 @@ def evaluate_passkey(model, tokenizer, config: PasskeyEvalConfig = PasskeyEvalCo
     work = []
     for context in config.contexts:
         batches = make_batches(make_samples(tokenizer, context, config), config.batch_size, pad_id)
-        work += [(context, v, batches) for v in build_variants(shape, config, context, window, profile, plans)]
+        inputs = RowInputs(shape, context, window, profile, config.random_seeds)
+        work += [(context, r, batches) for r in build_rows(config.rows, config.sparsities, inputs, plans)]
     total = sum(len(v.plans) for _, v, _ in work) * config.samples
     done = 0
 
@@ -220,11 +250,10 @@ def evaluate_passkey(model, tokenizer, config: PasskeyEvalConfig = PasskeyEvalCo
             progress(done, total, label)
 
     rows = []
-    for context, variant, batches in work:
-        label = f"{variant.policy} @ {context}" + (f", sparsity {variant.sparsity:g}" if variant.policy not in
-                                                   ("full", "streaming") else "")
+    for context, row, batches in work:
+        label = f"{row.label}, {context} tokens"
         tick(0)
         started = time.perf_counter()
-        results = [run_plan(model, plan, batches, pad_id, tick) for plan in variant.plans]
-        rows.append(passkey_row(variant, context, results, dtype, time.perf_counter() - started))
+        results = [run_plan(model, plan, batches, pad_id, tick) for plan in row.plans]
+        rows.append(passkey_row(row, context, results, dtype, time.perf_counter() - started))
     return rows

@@ -11,8 +11,8 @@ import weakref
 from typing import Any
 
 from . import hf_compat
-from .cache import DuoCache, DuoCacheLayer
 from .arguments import require_instance
+from .cache import DuoCache, DuoCacheLayer
 from .errors import PlanError
 from .model_shape import shape_of_config
 from .planning import Plan
@@ -37,7 +37,9 @@ class Runtime:
         """
         if not self.active:
             raise RuntimeError("this duocal runtime was removed; apply the plan again to get a cache")
-        if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1):
+        if max_length is not None and (
+            not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1
+        ):
             raise PlanError(f"max_length must be a positive number of tokens (prompt + new tokens), got {max_length!r}")
         return DuoCache(self.plan, owner=self, prefill_chunk_size=self.prefill_chunk_size, max_length=max_length)
 

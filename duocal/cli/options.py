@@ -1,0 +1,66 @@
+"""Option types shared by the commands, and the parsing they share (lists, rows, deprecated spellings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+# Evaluation row kinds (duocal/eval/row_kinds.py registers them; a test checks the two agree). Listed
+# here so that `--help` needs no torch import.
+ROW_NAMES = ("full", "duo", "streaming", "h2o", "random", "mix")
+
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        help="A model folder, a .gguf file, or a known name (duocal models list); default: the bundled demo model."
+    ),
+]
+ProfileOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        help="Profile for duo and mix: a file or prebuilt name (default: the one the project ships for the model)."
+    ),
+]
+SparsityOpt = Annotated[str, typer.Option(help="Fractions of KV heads made bounded (duo, h2o, random, mix).")]
+RowsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        help=f"Evaluation rows, comma-separated, from {','.join(ROW_NAMES)} (default: all but mix; without a "
+        "profile also not duo)."
+    ),
+]
+PoliciesOpt = Annotated[Optional[str], typer.Option(hidden=True, help="Old name of --rows (deprecated).")]
+SinkOpt = Annotated[Optional[int], typer.Option(help="Sink tokens of sink-window heads (default: the profile's).")]
+RecentOpt = Annotated[Optional[int], typer.Option(help="Recent tokens of sink-window heads (default: the profile's).")]
+RandomSeedsOpt = Annotated[int, typer.Option(help="Head draws for 'random' (mean, min, max).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")]
+OutputFileOpt = Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write.")]
+
+EXAMPLES = {"sparsity": "0.25,0.5", "contexts": "512,1024", "rows": "full,h2o"}
+
+
+def split(text: str, cast, what: str) -> list:
+    """'0.25, 0.5' -> [0.25, 0.5]; a `ValueError` that shows an example otherwise."""
+    try:
+        items = [cast(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(
+            f"cannot read --{what} {text!r}: give a comma-separated list, e.g. --{what} {EXAMPLES.get(what, '1,2')}"
+        ) from None
+    if not items:
+        raise ValueError(f"--{what} is empty")
+    return items
+
+
+def chosen_rows(rows: str | None, policies: str | None, has_profile: bool) -> tuple[str, ...]:
+    """The rows named by --rows (or the deprecated --policies, with a warning), else the defaults."""
+    from duocal.eval.row_kinds import default_rows
+
+    if rows is not None and policies is not None:
+        raise ValueError("give --rows only (--policies is its old name)")
+    if policies is not None:
+        typer.echo("warning: --policies is deprecated for evaluation rows; use --rows", err=True)
+        rows = policies
+    return tuple(split(rows, str, "rows")) if rows is not None else default_rows(has_profile)

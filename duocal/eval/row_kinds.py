@@ -1,0 +1,219 @@
+"""Evaluation rows: one registry entry per row kind, shared by every evaluation (passkey, perplexity).
+
+| row         | plan                                                                          | sparsity |
+|-------------|-------------------------------------------------------------------------------|----------|
+| `full`      | every head full (the reference)                                               | 0        |
+| `duo`       | the profile's lowest-scoring heads on sink + recent (DuoAttention, 2410.10819) | each     |
+| `streaming` | every head on sink + recent (StreamingLLM, arXiv 2309.17453)                   | 1        |
+| `h2o`       | every head on H2O (arXiv 2306.14048), with the KV bytes of `duo`               | each     |
+| `random`    | that many heads drawn at random on sink + recent; seeds: mean / min / max      | each     |
+| `mix`       | a policy per head among `mix_policies` chosen by measurement at `duo`'s bytes  | each     |
+
+`mix` chooses among full, sink_window and h2o by default (duocal_runtime/mixed_planning.py).
+
+A new row is one `register_row(RowKind(...))`: what it needs, how its plans are made, how it is
+drawn. `h2o` and `random` need no profile: any plan with the same number of bounded heads has the
+same KV bytes. Head counts follow the runtime's rule (`dr.planning.bounded_head_count`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duocal_runtime as dr
+from duocal_runtime.planning import bounded_head_count
+
+MIX_POLICIES = ("full", "sink_window", "h2o")
+DEFAULT_WINDOW = dr.SinkWindow()
+Progress = Callable[[int, int, str], None]  # (units done, units in all, what is running)
+
+
+@dataclass(frozen=True)
+class RowInputs:
+    """What every row kind builds its plans from, at one context length."""
+
+    shape: dr.ModelShape
+    context: int
+    window: dr.SinkWindow  # the sink window of bounded heads
+    profile: dr.Profile | None = None
+    random_seeds: int = 3
+    mix_policies: tuple[str, ...] = MIX_POLICIES
+
+
+@dataclass(frozen=True)
+class RowKind:
+    """One kind of evaluation row. `plans(inputs, sparsity)` gives its plans (several: one per seed)
+    and the seeds (None for a single plan); `sparsity` is None for kinds with a fixed sparsity."""
+
+    name: str
+    plans: Callable[[RowInputs, float | None], tuple[tuple[dr.Plan, ...], tuple[int, ...] | None]]
+    needs_profile: bool = False
+    per_sparsity: bool = True  # one row per requested sparsity (else one row, at `fixed_sparsity`)
+    fixed_sparsity: float = 0.0
+    default: bool = True  # evaluated when no rows are named
+    style: tuple[str, str] = ("tab:gray", "D")  # matplotlib colour and marker
+
+
+ROWS: dict[str, RowKind] = {}
+
+
+def register_row(kind: RowKind) -> RowKind:
+    ROWS[kind.name] = kind
+    return kind
+
+
+@dataclass(frozen=True)
+class RowPlans:
+    """The plans behind one row: one plan, or one per seed (random)."""
+
+    row: str
+    sparsity: float
+    plans: tuple[dr.Plan, ...]
+    seeds: tuple[int, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        kind = ROWS.get(self.row)
+        return self.row + (f" @ sparsity {self.sparsity:g}" if kind is None or kind.per_sparsity else "")
+
+
+# --- the plans of each kind -----------------------------------------------------------------
+def matched_tokens(shape: dr.ModelShape, sparsity: float, window: dr.SinkWindow, context: int) -> int:
+    """Cached (token, KV head) pairs of any plan with `sparsity` of its heads on `window`, the rest full."""
+    heads = set(range(bounded_head_count(shape.num_kv_heads_total, sparsity)))
+    return dr.plan_from_bounded_set(shape, heads, window).kv_tokens(context)
+
+
+def duo_plan(profile: dr.Profile, sparsity: float, window: dr.SinkWindow) -> dr.Plan:
+    return dr.plan(profile, sparsity=sparsity, policy="sink_window", sink=window.sink, recent=window.recent)
+
+
+def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
+    """H2O on every head, each keeping `tokens // heads` (half heavy hitters, half recent, as in
+    the H2O paper), so the plan holds at most `tokens` (token, head) pairs at `context`."""
+    budget = max(2, min(context, tokens // shape.num_kv_heads_total))
+    recent = budget // 2
+    return dr.uniform_plan(shape, dr.H2O(heavy=budget - recent, recent=recent))
+
+
+def mix_plan(profile: dr.Profile, tokens: int, context: int, policies: Sequence[str] = MIX_POLICIES) -> dr.Plan:
+    """The budget planner's choice among `policies` with at most `tokens` (token, head) pairs at `context`."""
+    return dr.plan(profile, budget=int(tokens), context=context, policies=tuple(policies))
+
+
+def random_plans(
+    shape: dr.ModelShape, sparsity: float, window: dr.SinkWindow, seeds: Sequence[int]
+) -> tuple[dr.Plan, ...]:
+    """For each seed, the runtime's head count at `sparsity` drawn uniformly on `window`, the rest full."""
+    count, heads = bounded_head_count(shape.num_kv_heads_total, sparsity), range(shape.num_kv_heads_total)
+    return tuple(
+        dr.plan_from_bounded_set(shape, set(random.Random(f"duocal-eval-random:{seed}").sample(heads, count)), window)
+        for seed in seeds
+    )
+
+
+def _one(plan: dr.Plan):
+    return (plan,), None
+
+
+def _random(inputs: RowInputs, sparsity):
+    seeds = tuple(range(inputs.random_seeds))
+    return random_plans(inputs.shape, sparsity, inputs.window, seeds), seeds
+
+
+def _budget(inputs: RowInputs, sparsity) -> int:
+    return matched_tokens(inputs.shape, sparsity, inputs.window, inputs.context)
+
+
+register_row(
+    RowKind("full", lambda i, s: _one(dr.uniform_plan(i.shape, dr.Full())), per_sparsity=False, style=("black", "*"))
+)
+register_row(
+    RowKind("duo", lambda i, s: _one(duo_plan(i.profile, s, i.window)), needs_profile=True, style=("tab:blue", "o"))
+)
+register_row(
+    RowKind(
+        "streaming",
+        lambda i, s: _one(dr.uniform_plan(i.shape, i.window)),
+        per_sparsity=False,
+        fixed_sparsity=1.0,
+        style=("tab:orange", "s"),
+    )
+)
+register_row(RowKind("h2o", lambda i, s: _one(h2o_plan(i.shape, _budget(i, s), i.context)), style=("tab:green", "^")))
+register_row(RowKind("random", _random, style=("tab:red", "v")))
+register_row(
+    RowKind(
+        "mix",
+        lambda i, s: _one(mix_plan(i.profile, _budget(i, s), i.context, i.mix_policies)),
+        needs_profile=True,
+        default=False,
+        style=("tab:purple", "P"),
+    )
+)
+
+
+# --- choosing and building rows -------------------------------------------------------------
+def default_rows(has_profile: bool) -> tuple[str, ...]:
+    """The rows evaluated when none are named: every default kind the profile (or its absence) allows."""
+    return tuple(name for name, kind in ROWS.items() if kind.default and (has_profile or not kind.needs_profile))
+
+
+def check_rows(rows: Sequence[str], sparsities: Sequence[float]) -> None:
+    """Raise `ValueError` for unknown or repeated row kinds and sparsities outside [0, 1]."""
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown or not rows:
+        raise ValueError(
+            f"unknown row {', '.join(map(repr, unknown)) or '(none given)'}; choose from {', '.join(ROWS)}"
+        )
+    if len(set(rows)) != len(rows):
+        raise ValueError(f"row given twice: {', '.join(rows)}")
+    bad = [s for s in sparsities if not 0.0 <= s <= 1.0]
+    if bad or (not sparsities and any(ROWS[r].per_sparsity for r in rows)):
+        raise ValueError(
+            f"sparsity must be in [0, 1] (fraction of KV heads made bounded), got {', '.join(map(str, bad)) or 'none'}"
+        )
+
+
+def require_profile(rows: Sequence[str], profile: dr.Profile | None, model_config: Any = None) -> None:
+    """Raise `ValueError` when a row needs a profile and none is given, or the profile is for another model."""
+    needs = [r for r in rows if ROWS[r].needs_profile]
+    if needs and profile is None:
+        raise ValueError(
+            f"row '{needs[0]}' needs a profile of this model: pass --profile (a file or prebuilt name, "
+            f"see duocal profiles list), or leave {' and '.join(needs)} out of --rows"
+        )
+    if profile is not None and model_config is not None:
+        profile.check_compatible(model_config)
+
+
+def row_window(profile: dr.Profile | None, sink: int | None, recent: int | None) -> dr.SinkWindow:
+    """The sink window of bounded heads: given sizes, else the profile's, else 64 / 256."""
+    d = profile.deploy.window if profile is not None else DEFAULT_WINDOW
+    return dr.SinkWindow(sink=sink or d.sink, recent=recent or d.recent)
+
+
+def build_rows(
+    rows: Sequence[str], sparsities: Sequence[float], inputs: RowInputs, plans: Mapping[str, dr.Plan] | None = None
+) -> list[RowPlans]:
+    """Every row's plans at one context, in the order of `rows` (each per sparsity where it has
+    one), then the hand-made `plans` by name."""
+    out: list[RowPlans] = []
+    for name in rows:
+        kind = ROWS[name]
+        for s in sparsities if kind.per_sparsity else (None,):
+            built, seeds = kind.plans(inputs, s)
+            out.append(RowPlans(name, kind.fixed_sparsity if s is None else s, built, seeds))
+    for name, plan in (plans or {}).items():
+        if plan.shape != inputs.shape:
+            raise ValueError(f"plan {name!r} is for {plan.shape.describe()}, the model has {inputs.shape.describe()}")
+        out.append(RowPlans(name, plan.sparsity, (plan,)))
+    return out
+
+
+def head_policy(plan: dr.Plan) -> dict[str, Any] | None:
+    """The first bounded policy of `plan` with its sizes (None for an all-full plan)."""
+    return next((p.to_dict() for row in plan.policies for p in row if p.bounded), None)

@@ -1,0 +1,67 @@
+"""KV memory budgets: bytes or (token, KV head) pairs at one context length, and bytes per element."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import PlanError
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float8": 1, "fp8": 1}
+
+
+def dtype_bytes(dtype: Any) -> int:
+    """Bytes per element of a dtype given as a name ('bfloat16') or a torch.dtype."""
+    itemsize = getattr(dtype, "itemsize", None)
+    if isinstance(itemsize, int):
+        return itemsize
+    key = str(dtype).removeprefix("torch.")
+    if key not in DTYPE_BYTES:
+        raise PlanError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[key]
+
+
+_BYTE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_TOKEN_UNITS = {"tok": 1, "tokens": 1, "token": 1, "ktok": 10**3, "k tokens": 10**3}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A KV memory budget at one context length, in bytes or in (token, KV head) pairs."""
+
+    amount: float
+    unit: str  # "bytes" or "tokens"
+
+    @classmethod
+    def parse(cls, text: str | int | Budget) -> Budget:
+        """'12GiB', '500 MB', '3e9B' -> bytes; '2000000 tokens', '2e6tok' or a bare int -> tokens."""
+        if isinstance(text, Budget):
+            return text
+        if isinstance(text, int) and not isinstance(text, bool):
+            return cls(float(text), "tokens")
+        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z ]*)\s*", str(text))
+        unit = m.group(2).strip().lower() if m else ""
+        try:
+            number = float(m.group(1)) if m else float("nan")
+        except ValueError:
+            number = float("nan")
+        if not math.isfinite(number) or number <= 0 or (unit not in _BYTE_UNITS and unit not in _TOKEN_UNITS):
+            raise PlanError(f"cannot read budget {text!r}: give bytes ('12GiB', '500MB') or tokens ('2000000 tokens')")
+        if unit in _BYTE_UNITS:
+            return cls(number * _BYTE_UNITS[unit], "bytes")
+        return cls(number * _TOKEN_UNITS[unit], "tokens")
+
+    def measure(self, plan, context: int, batch: int, dtype: Any) -> int:
+        return plan.kv_bytes(context, batch, dtype) if self.unit == "bytes" else plan.kv_tokens(context, batch)
