@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo demo-real lint test
+.PHONY: setup demo demo-real serve-demo lint test
 
 setup: $(VENV)/.installed
 
@@ -31,6 +31,11 @@ demo-real: setup
 		--contexts 2048 --sparsity 0.5 --rows full,duo,streaming,h2o,random --samples 8 --random-seeds 2 \
 		--plot out/demo-real/passkey.png
 	OMP_NUM_THREADS=2 $(VENV)/bin/duocal eval ppl --model smollm2-135m-instruct --context 4096 --sparsity 0.5 --windows 1
+
+# An OpenAI-compatible server for SmolLM2-135M-Instruct with its shipped profile (Ctrl-C stops it).
+serve-demo: setup
+	$(VENV)/bin/duocal models fetch smollm2-135m-instruct
+	OMP_NUM_THREADS=2 $(VENV)/bin/duocal serve smollm2-135m-instruct --kv-memory 1GiB
 
 # Formatting and lint (ruff, 120 columns), then the whole suite.
 lint: setup

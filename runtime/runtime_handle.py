@@ -43,6 +43,31 @@ class Runtime:
             raise PlanError(f"max_length must be a positive number of tokens (prompt + new tokens), got {max_length!r}")
         return DuoCache(self.plan, owner=self, prefill_chunk_size=self.prefill_chunk_size, max_length=max_length)
 
+    def init_continuous_batching(self, generation_config=None, continuous_batching_config=None, workload_hints=None):
+        """transformers' continuous batching (scheduler, requests, sampling) with this plan's paged cache:
+        full heads in pages that grow, bounded heads in one fixed block of slots per request, one pool.
+
+        While the runtime is applied, `model.init_continuous_batching(...)` and `model.generate_batch(...)`
+        call this (the model instance's attribute; `remove()` takes it away). Give the pool's size with
+        `ContinuousBatchingConfig(num_blocks=N)` (N blocks of `page_size` tokens of a plain model's KV, the
+        same memory as transformers' own cache with that setting), else it is sized from free memory.
+        """
+        from transformers import ContinuousBatchingConfig
+
+        from .paged.manager import DuoBatchingManager
+
+        if not self.active:
+            raise RuntimeError("this duocal runtime was removed; apply the plan again to batch with it")
+        cached = getattr(self.model, "_cached_continuous_batching_manager", None)
+        if isinstance(cached, DuoBatchingManager) and cached.runtime is self:
+            return cached
+        config = generation_config if generation_config is not None else self.model.generation_config
+        if config.eos_token_id is None:
+            config.eos_token_id = -1  # as transformers does: no end-of-sequence token
+        return DuoBatchingManager(
+            self, config, continuous_batching_config or ContinuousBatchingConfig(), workload_hints
+        )
+
     def _attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         layer = kwargs.get(hf_compat.LAYER_KWARG)
         if layer is None:
@@ -71,17 +96,27 @@ class Runtime:
         weakref.finalize(self, hf_compat.unregister, self.name)
         hf_compat.set_attention_implementation(self.model, self.name)
         setattr(self.model, _RUNTIME_ATTR, self)
+        self.model.init_continuous_batching = self.init_continuous_batching  # this instance only; remove() undoes it
         self.active = True
 
     def remove(self) -> None:
         """Restore the model's attention implementation; this handle's caches stop working."""
         if not self.active:
             return
+        self._stop_batching()
         hf_compat.set_attention_implementation(self.model, self._previous)
         hf_compat.unregister(self.name)
         if getattr(self.model, _RUNTIME_ATTR, None) is self:
             delattr(self.model, _RUNTIME_ATTR)
+        self.model.__dict__.pop("init_continuous_batching", None)  # the model's own method is back
         self.active = False
+
+    def _stop_batching(self) -> None:
+        """A manager kept on the model (persistent) stops with the runtime that serves it."""
+        cached = getattr(self.model, "_cached_continuous_batching_manager", None)
+        if getattr(cached, "runtime", None) is self:
+            cached.stop(block=True, hard_stop=True)
+            del self.model._cached_continuous_batching_manager
 
     def __enter__(self) -> Runtime:
         return self

@@ -9,6 +9,7 @@ from .models import models_app
 from .profile import PROFILE_EPILOG, profile_command
 from .profiles import profiles_app
 from .recipes import recipes_app
+from .serve import SERVE_EPILOG, serve_command
 
 app = typer.Typer(
     name="duocal",
@@ -23,3 +24,4 @@ app.add_typer(models_app, name="models")
 app.add_typer(recipes_app, name="recipes")
 app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate_command)
 app.command("profile", epilog=PROFILE_EPILOG)(profile_command)
+app.command("serve", epilog=SERVE_EPILOG)(serve_command)

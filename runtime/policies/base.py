@@ -66,6 +66,7 @@ class HeadPolicy(ABC):
 
     name: ClassVar[str]
     bounded: ClassVar[bool] = True  # keeps at most `budget` tokens per head
+    chunking_changes_result: ClassVar[bool] = False  # True when a prompt cut into chunks keeps other tokens
 
     def __post_init__(self):
         for f in fields(self):
@@ -138,11 +139,21 @@ class HeadGroup(ABC):
         """Slots held per row and head (allocated ones, for static groups)."""
         return 0 if self.k is None else self.k.shape[2]
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """The tensors this group holds per batch row (dim 0): keys, values and whatever its policy keeps
+        beside them (ranks, scores). A static group's state has fixed shapes: what paged storage holds."""
+        return {
+            name: value for name, value in vars(self).items() if isinstance(value, torch.Tensor) and value.ndim >= 2
+        }
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
     def select_batch(self, index: torch.Tensor) -> None:
         """Keep the rows `index` (beam search, batch selection), in that order."""
-        for name, value in vars(self).items():
-            if isinstance(value, torch.Tensor) and value.ndim >= 2:
-                setattr(self, name, value.index_select(0, index.to(value.device)))
+        for name, value in self.state().items():
+            setattr(self, name, value.index_select(0, index.to(value.device)))
 
     def kept_ranks(self, row: int, head: int) -> set[int]:
         """Real-token ranks that KV head `head` (index within the group) of batch row `row` holds."""

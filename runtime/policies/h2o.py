@@ -27,7 +27,10 @@ from .static_buffers import allocate_static
 class HeavyHitterPolicy(HeadPolicy):
     """The rule of `h2o` and `sink_h2o` (fields `heavy`, `recent`, and `sink` for sink_h2o): the
     last `recent` and the first `sinks_kept` real tokens are never evicted; the other kept slots are
-    the `heavy` with the largest accumulated attention. Not a policy by itself (not registered)."""
+    the `heavy` with the largest accumulated attention. Not a policy by itself (not registered).
+    It evicts after every pass, so a prompt prefilled in chunks keeps other tokens than in one pass."""
+
+    chunking_changes_result = True
 
     @property
     def sinks_kept(self) -> int:

@@ -1,0 +1,69 @@
+"""`duocal serve [MODEL] [--profile P] [--sparsity S | --budget B] ...`: an OpenAI-compatible server."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from .options import ProfileOpt
+from .user_errors import user_errors
+
+SERVE_EPILOG = """Examples:
+
+  duocal serve smollm2-135m-instruct --kv-memory 2GiB          # its shipped profile at its deploy sparsity
+
+  duocal serve ./my-model --profile mine.json --sparsity 0.75 --port 9000 --num-blocks 4096
+
+Then: curl http://127.0.0.1:8000/v1/chat/completions -d '{"model": "NAME", "messages": [...]}'
+"""
+
+
+def serve_command(
+    model: Annotated[
+        Optional[str],
+        typer.Argument(help="A model folder, a .gguf file or a known name (default: the bundled demo model)."),
+    ] = None,
+    profile: ProfileOpt = None,
+    sparsity: Annotated[
+        Optional[float], typer.Option(help="Fraction of KV heads made bounded (default: the profile's).")
+    ] = None,
+    budget: Annotated[
+        Optional[str],
+        typer.Option(
+            help="KV bytes per request at the model's context instead ('64MiB'): the fewest bounded heads that fit."
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    kv_memory: Annotated[
+        Optional[str], typer.Option(help="KV pool size ('2GiB'); default: sized from free memory by transformers.")
+    ] = None,
+    num_blocks: Annotated[
+        Optional[int],
+        typer.Option(help="KV pool as transformers counts it: blocks of --page-size tokens of the plain model."),
+    ] = None,
+    max_batch_tokens: Annotated[
+        Optional[int], typer.Option(help="Tokens per forward pass (default: the model's context, at most 8192).")
+    ] = None,
+    page_size: Annotated[int, typer.Option(help="Tokens per page of full heads.")] = 16,
+):
+    """Serve MODEL with a plan over transformers' OpenAI-compatible endpoints (/v1/chat/completions,
+    /v1/completions, streaming or not), continuous batching on duocal's paged cache. Prints the
+    address and the KV pool (bytes; requests of the model's context it holds vs plain attention)."""
+    from duocal.serving.startup import listening_socket, prepare_server, run
+
+    with user_errors():
+        sock = listening_socket(host, port)  # a port in use fails before the model loads
+        served, summary = prepare_server(
+            model, profile, sparsity, budget, kv_memory, num_blocks, max_batch_tokens, page_size
+        )
+    bound = sock.getsockname()[1]
+    typer.echo(f"serving {served.name} at http://{host}:{bound}/v1 (chat/completions, completions; streaming)")
+    typer.echo(
+        f"KV pool: {summary['kv_bytes']:,} bytes; {summary['requests']} requests of {summary['context']} tokens at "
+        f"once ({summary['bytes_per_request']:,} B each) vs {summary['plain_requests']} with plain attention "
+        f"({summary['plain_bytes_per_request']:,} B each); plan: {served.runtime.plan.num_bounded} of "
+        f"{served.runtime.plan.num_heads} KV heads bounded"
+    )
+    run(served, sock)

@@ -1,0 +1,87 @@
+"""What `duocal serve` does before and while it listens: model, profile and plan, the pool, uvicorn."""
+
+from __future__ import annotations
+
+import socket
+
+from .server import ServedModel, build_app
+
+MAX_DEFAULT_BATCH_TOKENS = 8192
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """Bound before any work (a port in use is an error at once); port 0 takes a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    return sock
+
+
+def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_size: int) -> int | None:
+    """The pool as transformers' `num_blocks` counts it (blocks of `page_size` tokens of the plain model)."""
+    from duocal_runtime.budget import Budget
+
+    if kv_memory is not None and num_blocks is not None:
+        raise ValueError("give --kv-memory or --num-blocks, not both")
+    if num_blocks is not None:
+        if num_blocks < 1:
+            raise ValueError(f"--num-blocks must be a positive number of blocks, got {num_blocks}")
+        return num_blocks
+    if kv_memory is None:
+        return None
+    budget = Budget.parse(kv_memory)
+    if budget.unit != "bytes":
+        raise ValueError(f"--kv-memory takes bytes ('2GiB', '500MB'), got {kv_memory!r}")
+    block = shape.num_hidden_layers * 2 * shape.num_key_value_heads * shape.head_dim * dtype.itemsize * page_size
+    return max(1, int(budget.amount // block))
+
+
+def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_batch_tokens, page_size):
+    """Load, plan, apply and build the app; (ServedModel, pool summary). Every check comes before the pool."""
+    from transformers import ContinuousBatchingConfig
+
+    import duocal_runtime as dr
+    from duocal.models import ModelRef
+    from duocal_runtime.paged.paged_cache import pool_summary
+
+    if sparsity is not None and budget is not None:
+        raise ValueError("give --sparsity or --budget, not both")
+    if max_batch_tokens is not None and max_batch_tokens < 1:
+        raise ValueError(f"--max-batch-tokens must be a positive number of tokens, got {max_batch_tokens}")
+    if page_size < 4:
+        raise ValueError(f"--page-size must be at least 4 tokens, got {page_size}")
+    ref = ModelRef.resolve(model)
+    chosen = profile or ref.default_profile
+    if chosen is None:
+        raise ValueError(f"no profile for {ref.arg}: pass --profile (a file or prebuilt name, duocal profiles list)")
+    loaded, config = dr.load_profile(chosen), ref.load_config()
+    loaded.check_compatible(config)
+    context = getattr(config, "max_position_embeddings", 4096)
+    lm = ref.load_model()
+    plan = dr.plan(loaded, sparsity=sparsity, budget=budget, context=context if budget else None, dtype=lm.dtype)
+    blocks = kv_blocks(kv_memory, num_blocks, plan.shape, lm.dtype, page_size)
+    runtime = dr.apply(lm, plan)
+    cb_config = ContinuousBatchingConfig(
+        page_size=page_size,
+        num_blocks=blocks,
+        max_batch_tokens=max_batch_tokens or min(context, MAX_DEFAULT_BATCH_TOKENS),
+    )
+    served = build_app(lm, ref.load_tokenizer(), runtime, ref.name, cb_config)
+    return served, pool_summary(served.manager.cache, context, page_size)
+
+
+def run(served: ServedModel, sock: socket.socket) -> None:
+    """Serve on `sock` (see `listening_socket`) until interrupted, then stop batching and remove the plan."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(served.app, log_level="warning"))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        served.manager.stop(block=True, hard_stop=True)
+        served.runtime.remove()

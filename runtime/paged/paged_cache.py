@@ -1,0 +1,219 @@
+"""`DuoPagedCache`: transformers' `PagedAttentionCache` with storage that follows a duocal plan.
+
+The engine (scheduler, IO packing, sampling, requests) is transformers' own; this cache replaces
+its storage: full heads in growing pages, bounded heads in one fixed block per request (see
+pages.py), one pool of sectors for both. The scheduler admits a request by what it really needs
+(`can_store_request_tokens`). `update` stores a layer's full-head tokens and hands the layer and
+the step's batch (`PagedStep`) to duocal's attention function, which attends every group.
+
+Version-specific (transformers 5.24): the attribute surface the engine reads (`cache_allocators`
+with keys `full_attention` / `sliding_attention`, `max_tokens_read`, `pool`, ...), the per-request
+`extend_read_and_write_indices` calls in packing order, `update(k, v, layer_idx, kwargs)`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from math import ceil, lcm
+
+import torch
+from transformers.generation.continuous_batching.cache import PagedAttentionCache, PagedAttentionMemoryHandler
+from transformers.generation.continuous_batching.cache_allocators.cache_pool import CachePool
+
+from ..hf_compat import LAYER_KWARG
+from ..planning import Plan
+from .paged_attention import PagedLayerPass, PagedStep
+from .pages import ALIGN, BoundedSlots, FullHeadPages, aligned, slot_fields
+
+logger = logging.getLogger("duocal_runtime.paged")
+
+
+@dataclass(frozen=True)
+class LayerHeads:
+    """One layer of the plan: its full KV heads and its bounded groups (policy, KV heads)."""
+
+    full: list[int]
+    bounded: list[tuple]
+
+    @classmethod
+    def of(cls, plan: Plan, layer: int) -> LayerHeads:
+        groups = plan.layer_groups(layer)
+        full = [h for policy, heads in groups if not policy.bounded for h in heads]
+        return cls(full, [(policy, heads) for policy, heads in groups if policy.bounded])
+
+
+class DuoPagedCache(PagedAttentionCache):
+    """Paged storage for `plan` in one pool of `num_sectors` sectors (see pages.py)."""
+
+    def __init__(self, plan: Plan, config, cb_config, device, dtype: torch.dtype, rep: int, owner=None):
+        # The engine's constructor sizes every layer by one head count: this one is built from the plan.
+        self.config, self.dtype, self.device, self.plan, self.rep = config, dtype, device, plan, rep
+        self.owner = owner  # the Runtime whose attention function reads this cache
+        self.max_blocks_per_request = 0
+        self.layers = [LayerHeads.of(plan, layer) for layer in range(plan.shape.num_hidden_layers)]
+        self.cache_allocators = self._allocators(cb_config.page_size)
+        self.bytes_per_sector = lcm(*(ca.bytes_per_block for ca in self.cache_allocators.values()), 128)
+        self.tokens_per_sector = max(
+            (self.bytes_per_sector // ca.bytes_per_block) * ca.tokens_per_page for ca in self.cache_allocators.values()
+        )
+        self.max_batch_tokens, self.num_sectors = self._size(config, cb_config)
+        non_trash = self.num_sectors * self.bytes_per_sector
+        self.cache_tensor = torch.zeros(non_trash + 2 * self.bytes_per_sector, dtype=torch.uint8, device=device)
+        self.pool = CachePool(self.num_sectors, len(self.cache_allocators))
+        for allocator in self.cache_allocators.values():
+            allocator.register_cache_tensor(self.bytes_per_sector, non_trash, self.cache_tensor, self.pool)
+        self.allow_block_sharing = self.use_prefix_sharing = False
+        self.num_blocks = non_trash // self.plain_block_bytes(cb_config.page_size)
+        self.read_cache_limit, self.max_decode_fast_path_length = None, 0
+        self.max_tokens_read = self._readable_tokens(config)
+        self.chunk_sensitive = any(p.chunking_changes_result for row in plan.policies for p in row)
+        self._pending: list[tuple[str, int, int]] = []
+        self._step: PagedStep | None = None
+
+    # --- layout and size ------------------------------------------------------------------------
+    def _allocators(self, page_size: int) -> dict:
+        head_dim, allocators = self.plan.shape.head_dim, {}
+        full = [len(layer.full) for layer in self.layers]
+        if any(full):
+            allocators["full_attention"] = FullHeadPages(0, full, head_dim, self.dtype, page_size)
+        fields, nbytes = slot_fields(self.bounded_states())
+        if fields:
+            unit = allocators["full_attention"].bytes_per_block if allocators else ALIGN
+            allocators["sliding_attention"] = BoundedSlots(len(allocators), fields, aligned(nbytes, unit))
+        return allocators
+
+    def bounded_states(self) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
+        """(layer, group) -> the state one request's static group holds ({name: [1, ...] tensor})."""
+        states = {}
+        for layer, heads in enumerate(self.layers):
+            for g, (policy, kv_heads) in enumerate(heads.bounded):
+                group = policy.make_group(kv_heads, self.rep, max_length=1)
+                group.fill(1, 1, self.plan.shape.head_dim, self.dtype, "cpu")
+                states[(layer, g)] = group.state()
+        return states
+
+    def plain_block_bytes(self, page_size: int) -> int:
+        """Bytes of `page_size` tokens of every head of every layer: what transformers' `num_blocks` counts."""
+        s = self.plan.shape
+        return s.num_hidden_layers * 2 * s.num_key_value_heads * s.head_dim * self.dtype.itemsize * page_size
+
+    def _size(self, config, cb_config) -> tuple[int, int]:
+        handler = PagedAttentionMemoryHandler(
+            config=config,
+            cb_config=cb_config,
+            dtype=self.dtype,
+            bytes_per_sector=self.bytes_per_sector,
+            tokens_per_sector=self.tokens_per_sector,
+            bytes_per_block=self.plain_block_bytes(cb_config.page_size),
+            attn_types=list(self.cache_allocators),
+        )
+        if cb_config.num_blocks is None:
+            return handler.infer_max_batch_tokens_and_num_sectors()
+        wanted = cb_config.num_blocks * self.plain_block_bytes(cb_config.page_size)
+        sectors = wanted // self.bytes_per_sector
+        if sectors < 1:
+            raise ValueError(
+                f"a KV pool of {wanted} bytes holds no sector of this plan ({self.bytes_per_sector} bytes: one "
+                "request's bounded heads, or a run of full-head pages); give more KV memory"
+            )
+        return cb_config.max_batch_tokens or handler._default_max_batch_tokens, sectors
+
+    def _readable_tokens(self, config) -> int:
+        """Tokens one pass may read through the engine's index: the full-head pages. Bounded heads read
+        their own slots, so a plan without full heads may read as many tokens as requests fit x positions."""
+        pages = self.cache_allocators.get("full_attention")
+        if pages is not None:
+            return pages.tokens_per_page * pages.num_blocks
+        return self.num_sectors * getattr(config, "max_position_embeddings", 1 << 16)
+
+    # --- accounting -----------------------------------------------------------------------------
+    def request_bytes(self, request_id: str) -> int:
+        """KV bytes a request holds now: its full-head pages and its block of bounded slots."""
+        return sum(
+            len(ca.block_table.get(request_id, ())) * ca.bytes_per_block for ca in self.cache_allocators.values()
+        )
+
+    def blocks_for(self, tokens: int) -> dict[str, int]:
+        """Blocks of each allocator a request of `tokens` tokens needs (page rounding included)."""
+        return {name: ca.needs_new_blocks("", 0, tokens) for name, ca in self.cache_allocators.items()}
+
+    def bytes_for(self, tokens: int) -> int:
+        """KV bytes a request of `tokens` tokens needs in this pool."""
+        return sum(n * self.cache_allocators[name].bytes_per_block for name, n in self.blocks_for(tokens).items())
+
+    def sectors_for(self, tokens: int) -> int:
+        """Sectors a request of `tokens` tokens needs when it is alone in the pool."""
+        blocks = self.blocks_for(tokens)
+        return sum(ceil(n / self.cache_allocators[name].blocks_per_sector) for name, n in blocks.items())
+
+    def capacity_bytes(self) -> int:
+        return self.num_sectors * self.bytes_per_sector
+
+    def free_sectors(self) -> int:
+        self.pool.try_to_free_sectors()
+        return self.pool.num_free_sectors
+
+    # --- what the engine calls ------------------------------------------------------------------
+    def can_store_request_tokens(self, state, request_len: int, dry_run: bool = False) -> bool:
+        # Plans whose result depends on where a prompt is cut (H2O evicts after every chunk) prefill
+        # each prompt in one pass, as duocal's generate() does: a prompt is never split by the load.
+        if self.chunk_sensitive and request_len < len(state.remaining_prefill_tokens or state.tokens_to_process):
+            return False
+        return super().can_store_request_tokens(state, request_len, dry_run)
+
+    def search_prefix_match(self, request_id, prompt_ids) -> int:
+        return 0
+
+    def count_new_complete_blocks(self, state, request_len) -> dict:
+        return {}
+
+    def mark_complete_blocks(self, *args) -> None:
+        return None
+
+    def evict_cached_blocks(self) -> bool:
+        return False
+
+    def extend_read_and_write_indices(self, request_id, past_length, query_length, read_index, write_index):
+        self._pending.append((request_id, past_length, query_length))
+        super().extend_read_and_write_indices(request_id, past_length, query_length, read_index, write_index)
+
+    def _begin_step(self, device) -> PagedStep:
+        pending, self._pending = self._pending, []
+        ids = [rid for rid, _, _ in pending]
+        slots = self.cache_allocators.get("sliding_attention")
+        blocks = None if slots is None else torch.tensor([slots.block_of(r) for r in ids], device=device)
+        return PagedStep(ids, [p for _, p, _ in pending], [q for _, _, q in pending], blocks)
+
+    @torch.compiler.disable
+    def update(self, key_states, value_states, layer_idx: int, kwargs: dict):
+        """Store the layer's full-head tokens; hand the layer to duocal's attention. k/v [1, Hkv, T, D]."""
+        if layer_idx == 0:
+            self._step = self._begin_step(key_states.device)
+        heads, full_k, full_v, read = self.layers[layer_idx], None, None, False
+        pages = self.cache_allocators.get("full_attention")
+        if heads.full:
+            index = torch.tensor(heads.full, device=key_states.device)
+            k, v = (x[0].index_select(0, index).transpose(0, 1) for x in (key_states, value_states))  # [T, F, D]
+            read_index = kwargs["read_index"][pages.index]
+            full_k, full_v = pages.update(k, v, layer_idx, read_index, kwargs["write_index"][pages.index])
+            read = read_index.numel() > 0
+        kwargs[LAYER_KWARG] = PagedLayerPass(self, layer_idx, self._step, full_k, full_v, read)
+        return key_states, value_states
+
+
+def pool_summary(cache: DuoPagedCache, context: int, page_size: int) -> dict:
+    """The pool's bytes and how many requests of `context` tokens it holds at once, against the
+    requests of plain attention in the same bytes (transformers' own cache, same page size)."""
+    need = cache.blocks_for(context)
+    ceiling = cache.num_sectors + 1
+    held = cache.count_storable_requests([need] * ceiling)
+    plain_per_request = -(-context // page_size) * cache.plain_block_bytes(page_size)
+    return {
+        "kv_bytes": cache.capacity_bytes(),
+        "context": context,
+        "requests": held,
+        "plain_requests": cache.capacity_bytes() // plain_per_request,
+        "bytes_per_request": cache.bytes_for(context),
+        "plain_bytes_per_request": plain_per_request,
+    }

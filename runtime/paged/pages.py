@@ -1,0 +1,182 @@
+"""Where a plan's heads live in the continuous-batching pool: pages of full heads, slots of bounded heads.
+
+Both allocators draw sectors from transformers' one `CachePool` (a sector holds N blocks of
+either kind), so the split between full-head and bounded memory follows demand:
+
+- `FullHeadPages` (the engine's `full_attention` allocator): one block is `page_size` tokens of the
+  full heads of *every* layer, `[layer][token][K|V][full head][D]`, so a layer with 1 full head
+  and one with 8 share a block without padding; a request grows by one block per `page_size`
+  tokens. Token `i` of a request lives at row `block * page_size + i % page_size`, the engine's
+  own index arithmetic, so its read/write indices and `read_index` gather work unchanged.
+- `BoundedSlots` (the engine's `sliding_attention` allocator, the only other kind its IO knows):
+  one block is a request's whole bounded state, every layer and group: keys, values, ranks and
+  scores as duocal's static groups hold them (sink + recent ring, H2O budget). A request takes one
+  block when it starts and never grows; an evicted token's slot takes the new token in place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.continuous_batching.cache_allocators import CacheAllocator
+from transformers.generation.continuous_batching.cache_allocators.cache_pool import CachePool
+
+ALIGN = 128  # bytes: every block and field starts on it
+
+
+def aligned(n: int, to: int = ALIGN) -> int:
+    return -(-n // to) * to
+
+
+class FullHeadPages(CacheAllocator):
+    """Pages of the full heads of all layers (`full[l]` = that layer's full KV heads, maybe none)."""
+
+    supports_block_sharing = False
+    supports_block_table = False
+    layer_type = "full_attention"
+    rows_per_token = 1
+
+    def __init__(self, index: int, full: list[int], head_dim: int, dtype: torch.dtype, page_size: int):
+        self.full, self.head_dim, self.cache_dtype = full, head_dim, dtype
+        self.page_elems = [page_size * 2 * f * head_dim for f in full]  # per layer, in elements of `dtype`
+        self.layer_offsets = [sum(self.page_elems[:i]) for i in range(len(full))]
+        block_bytes = aligned(sum(self.page_elems) * dtype.itemsize)
+        self._before_cache_tensor_init(index, [0], page_size, block_bytes, allow_block_sharing=False)
+
+    def register_cache_tensor(self, bytes_per_sector, non_trash_bytes, cache_tensor: torch.Tensor, pool: CachePool):
+        self._copy_view = cache_tensor.view(-1, self.bytes_per_block)
+        typed = cache_tensor.view(self.cache_dtype)
+        blocks, stride = self._copy_view.shape[0], self.bytes_per_block // self.cache_dtype.itemsize
+        p, d = self.tokens_per_page, self.head_dim
+        self.views = {  # layer -> [block, token, K|V, head, D]
+            layer: typed.as_strided((blocks, p, 2, f, d), (stride, 2 * f * d, f * d, d, 1), self.layer_offsets[layer])
+            for layer, f in enumerate(self.full)
+            if f
+        }
+        self._after_cache_tensor_init(non_trash_bytes, bytes_per_sector, typed, pool)  # trash rows: sectors 0, 1
+
+    # --- the engine's block bookkeeping (one block per page_size tokens) ---------------------
+    def needs_new_blocks(self, request_id, past_length, query_length):
+        have = len(self.block_table.get(request_id, []))
+        return max(0, math.ceil((past_length + query_length) / self.tokens_per_page) - have)
+
+    def allocate_cache_to_request(self, request_id, past_length, query_length):
+        table = self.block_table.setdefault(request_id, [])
+        table.extend(
+            self.pool.get_free_blocks(self.index, self.needs_new_blocks(request_id, past_length, query_length))
+        )
+
+    def get_seqlen_k(self, past_length, query_length):
+        return past_length + query_length
+
+    def _rows(self, request_id, start, end) -> list[int]:
+        table, p = self.block_table[request_id], self.tokens_per_page
+        return [table[i // p] * p + i % p for i in range(start, end)]
+
+    def get_read_indices(self, request_id, past_length, query_length):
+        return self._rows(request_id, 0, past_length + query_length)
+
+    def get_write_indices(self, request_id, past_length, query_length):
+        return self._rows(request_id, past_length, past_length + query_length)
+
+    def fill_block_table(self, *args):
+        raise NotImplementedError("duocal's paged cache has no block-table decode path")
+
+    def get_cache_for_block_table(self, layer_idx):
+        raise NotImplementedError("duocal's paged cache has no block-table decode path")
+
+    # --- storage ------------------------------------------------------------------------------
+    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+        """k/v [T, F, D] of the layer's full heads -> every request's history in batch order [N, F, D]."""
+        view = self.views[layer_idx]
+        p = self.tokens_per_page
+        view[write_index // p, write_index % p, 0] = key_states
+        view[write_index // p, write_index % p, 1] = value_states
+        if read_index.numel() == 0:
+            return key_states, value_states
+        rows = view[read_index // p, read_index % p]  # [N, 2, F, D]
+        return rows[:, 0], rows[:, 1]
+
+
+@dataclass(frozen=True)
+class SlotField:
+    """One tensor of one bounded group's state inside a request's block (batch dim left out)."""
+
+    layer: int
+    group: int
+    name: str  # the static group's attribute: k, v, rank, score, ...
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    offset: int  # bytes from the start of the block
+
+
+def slot_fields(states: dict[tuple[int, int], dict[str, torch.Tensor]]) -> tuple[list[SlotField], int]:
+    """The layout of a request's bounded state: (layer, group) -> {name: tensor [1, ...]} -> fields, bytes."""
+    fields, offset = [], 0
+    for (layer, group), tensors in states.items():
+        for name, t in tensors.items():
+            fields.append(SlotField(layer, group, name, tuple(t.shape[1:]), t.dtype, offset))
+            offset = aligned(offset + t[0].numel() * t.element_size())
+    return fields, offset
+
+
+class BoundedSlots(CacheAllocator):
+    """One block per request holding its whole bounded state (`slot_fields`), padded to `block_bytes`."""
+
+    supports_block_sharing = False
+    supports_block_table = False
+    layer_type = "sliding_attention"
+    rows_per_token = 1
+
+    def __init__(self, index: int, fields: list[SlotField], block_bytes: int):
+        self.fields = fields
+        self._before_cache_tensor_init(index, [0], 1, block_bytes, allow_block_sharing=False)
+
+    def register_cache_tensor(self, bytes_per_sector, non_trash_bytes, cache_tensor: torch.Tensor, pool: CachePool):
+        self._copy_view = cache_tensor.view(-1, self.bytes_per_block)
+        blocks = self._copy_view.shape[0]
+        self.views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        for f in self.fields:
+            typed, size = cache_tensor.view(f.dtype), f.dtype.itemsize
+            strides = torch.empty(f.shape, device="meta").stride()
+            view = typed.as_strided((blocks, *f.shape), (self.bytes_per_block // size, *strides), f.offset // size)
+            self.views.setdefault((f.layer, f.group), {})[f.name] = view
+        self._after_cache_tensor_init(non_trash_bytes, bytes_per_sector, cache_tensor, pool)
+
+    def needs_new_blocks(self, request_id, past_length, query_length):
+        return 0 if self.block_table.get(request_id) else 1
+
+    def allocate_cache_to_request(self, request_id, past_length, query_length):
+        if self.block_table.get(request_id):
+            return
+        self.block_table[request_id] = self.pool.get_free_blocks(self.index, 1)
+        self.clear(self.block_table[request_id][0])
+
+    def clear(self, block: int) -> None:
+        """A fresh request's state: every slot empty (rank -1), zeros elsewhere."""
+        for tensors in self.views.values():
+            for name, view in tensors.items():
+                view[block].fill_(-1 if name == "rank" else 0)
+
+    def block_of(self, request_id: str) -> int:
+        return self.block_table[request_id][0]
+
+    def get_seqlen_k(self, past_length, query_length):
+        return query_length  # bounded heads read their slots, not the engine's index
+
+    def get_read_indices(self, request_id, past_length, query_length):
+        return []
+
+    def get_write_indices(self, request_id, past_length, query_length):
+        return []
+
+    def fill_block_table(self, *args):
+        raise NotImplementedError("duocal's paged cache has no block-table decode path")
+
+    def get_cache_for_block_table(self, layer_idx):
+        raise NotImplementedError("duocal's paged cache has no block-table decode path")
+
+    def update(self, *args):
+        raise NotImplementedError("bounded slots are read and written by duocal's attention, not by update()")

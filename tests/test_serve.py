@@ -1,0 +1,160 @@
+"""`duocal serve` against a real server on 127.0.0.1 and a real client (the `openai` package):
+many concurrent streams, disconnects, bad requests, a wrong profile at start-up; pages come back."""
+
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+import uvicorn
+
+import duocal_runtime as dr
+from duocal.serving.startup import listening_socket, prepare_server
+
+from helpers import random_profile
+
+NAME = "duocal/demo-model"
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The demo model and its shipped profile, served in this process (so the test sees the pool)."""
+    served, summary = prepare_server(None, None, 0.5, None, None, 128, 2048, 16)
+    sock = listening_socket("127.0.0.1", 0)
+    app = uvicorn.Server(uvicorn.Config(served.app, log_level="warning"))
+    thread = threading.Thread(target=app.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    deadline = time.perf_counter() + 30
+    while not app.started and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    yield served, summary, base
+    app.should_exit = True
+    thread.join(timeout=30)
+    served.manager.stop(block=True, hard_stop=True)
+    served.runtime.remove()
+
+
+def client(base):
+    return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def post(base, path, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(base + path, data=body, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def pool_is_whole(served, seconds=20) -> bool:
+    cache, deadline = served.manager.cache, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        if cache.free_sectors() == cache.num_sectors:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_64_concurrent_streams_all_complete_once(server):
+    served, _, base = server
+
+    def one(i):
+        stream = client(base).completions.create(
+            model=NAME, prompt=f"{i:03d} the passkey is", max_tokens=12, stream=True
+        )
+        chunks = list(stream)
+        return {c.id for c in chunks}, "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+
+    with ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(one, range(64)))
+    ids = [next(iter(r[0])) for r in results]
+    assert all(len(r[0]) == 1 for r in results) and len(set(ids)) == 64  # none lost, none duplicated
+    assert all(r[2] == "length" for r in results)
+    assert pool_is_whole(served)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_pages(server):
+    served, _, base = server
+    body = {"model": NAME, "prompt": "x" * 200, "max_tokens": 1000, "stream": True}
+    host, port = base.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+    response = connection.getresponse()
+    assert response.status == 200
+    for _ in range(3):
+        response.readline()  # a few events of a long stream
+    assert served.manager.cache.free_sectors() < served.manager.cache.num_sectors
+    connection.sock.shutdown(socket.SHUT_RDWR)  # the client goes away mid-stream
+    connection.close()
+    assert pool_is_whole(served)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"model": NAME, "prompt": "abc", "max_tokens": -3}, "max_tokens must be a positive integer"),
+        ({"model": NAME, "prompt": "abc", "max_tokens": "many"}, "max_tokens must be a positive integer"),
+        ({"model": NAME, "prompt": "abc", "max_tokens": 10**8}, "beyond the model's"),
+        ({"model": NAME, "prompt": "abc", "max_tokens": 4000, "stream": True}, "more than the whole pool"),
+        ({"model": "someone/else", "prompt": "abc", "max_tokens": 3}, "pinned"),
+        ({"model": NAME, "messages": [{"role": "user", "content": "hi"}]}, "no chat template"),
+    ],
+)
+def test_bad_requests_get_a_4xx_that_says_why_and_the_server_keeps_serving(server, body, message):
+    served, _, base = server
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    status, text = post(base, path, json.dumps(body).encode())
+    assert 400 <= status < 500, text
+    assert message in text
+    status, text = post(base, path, b"{not json")
+    assert status == 400 and "not valid JSON" in text
+    ok = client(base).completions.create(model=NAME, prompt="abc", max_tokens=4)
+    assert ok.usage.completion_tokens == 4
+    assert pool_is_whole(served)
+
+
+def test_a_profile_for_another_model_fails_at_start_up(tmp_path):
+    wrong = dr.save_profile(random_profile(layers=3, kv_heads=2, heads=4, head_dim=8), tmp_path / "wrong.json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from duocal.cli import app; app()",
+            "serve",
+            "--profile",
+            str(wrong),
+            "--port",
+            str(port),
+            "--num-blocks",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: ") and "profile is for 3 layers" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_pool_summary_counts_requests_the_scheduler_can_admit(server):
+    served, summary, _ = server
+    cache = served.manager.cache
+    assert summary["kv_bytes"] == cache.capacity_bytes()
+    assert summary["requests"] >= summary["plain_requests"]
+    assert summary["bytes_per_request"] < summary["plain_bytes_per_request"]
+    assert summary["requests"] * cache.sectors_for(summary["context"]) <= cache.num_sectors + summary["requests"]
+    assert json.dumps(summary)  # printable as it is
