@@ -206,6 +206,8 @@ class DuoCache(Cache):
     steps on CUDA by itself, as for transformers' `StaticCache`.
     """
 
+    made_by_duocal = True  # what drop-in generation lets through (drop_in.py)
+
     def __init__(self, plan: Plan, owner=None, prefill_chunk_size: int | None = None, max_length: int | None = None):
         if max_length is None:
             layers = [DuoCacheLayer(plan, i, owner, prefill_chunk_size) for i in range(plan.shape.num_hidden_layers)]

@@ -13,6 +13,7 @@ from typing import Any
 from . import hf_compat
 from .arguments import require_instance
 from .cache import DuoCache, DuoCacheLayer
+from .drop_in import forward_with, generate_with
 from .errors import PlanError
 from .model_shape import shape_of_config
 from .planning import Plan
@@ -96,7 +97,10 @@ class Runtime:
         weakref.finalize(self, hf_compat.unregister, self.name)
         hf_compat.set_attention_implementation(self.model, self.name)
         setattr(self.model, _RUNTIME_ATTR, self)
-        self.model.init_continuous_batching = self.init_continuous_batching  # this instance only; remove() undoes it
+        # this instance only (never the class); remove() undoes both
+        self.model.init_continuous_batching = self.init_continuous_batching
+        self.model.generate = generate_with(self, type(self.model).generate.__get__(self.model))
+        self.model.forward = forward_with(self, type(self.model).forward.__get__(self.model))
         self.active = True
 
     def remove(self) -> None:
@@ -108,7 +112,8 @@ class Runtime:
         hf_compat.unregister(self.name)
         if getattr(self.model, _RUNTIME_ATTR, None) is self:
             delattr(self.model, _RUNTIME_ATTR)
-        self.model.__dict__.pop("init_continuous_batching", None)  # the model's own method is back
+        for name in ("init_continuous_batching", "generate", "forward"):
+            self.model.__dict__.pop(name, None)  # the model's own methods are back
         self.active = False
 
     def _stop_batching(self) -> None:

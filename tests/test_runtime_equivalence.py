@@ -112,10 +112,9 @@ def test_foreign_cache_is_a_clear_error():
     model = tiny_model("llama")
     ids, mask = left_padded_batch([12])
     with dr.apply(model, all_full(model)):
-        with pytest.raises(RuntimeError, match="new_cache"):
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False)
-        with pytest.raises(RuntimeError, match="not a DuoCache"):  # refused at prefill, not later
-            model(input_ids=ids, attention_mask=mask, cache=DynamicCache(config=model.config))
+        for call in (model, model.generate):  # refused before any work
+            with pytest.raises(RuntimeError, match="not a DuoCache"):
+                call(input_ids=ids, attention_mask=mask, cache=DynamicCache(config=model.config))
 
 
 def test_forward_without_cache_uses_the_plan():

@@ -46,6 +46,8 @@ class LayerHeads:
 class DuoPagedCache(PagedAttentionCache):
     """Paged storage for `plan` in one pool of `num_sectors` sectors (see pages.py)."""
 
+    made_by_duocal = True
+
     def __init__(self, plan: Plan, config, cb_config, device, dtype: torch.dtype, rep: int, owner=None):
         # The engine's constructor sizes every layer by one head count: this one is built from the plan.
         self.config, self.dtype, self.device, self.plan, self.rep = config, dtype, device, plan, rep
