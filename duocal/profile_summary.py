@@ -10,6 +10,8 @@ from rich.table import Table
 
 import duocal_runtime as dr
 
+from .units import human_bytes
+
 HISTOGRAM_BINS = 10
 
 
@@ -32,14 +34,17 @@ def profile_summary(
     context: int = 32768,
     budget: str | None = None,
     policies: tuple[str, ...] | None = None,
+    dtype: str = "bfloat16",
 ) -> dict[str, Any]:
-    """Everything `profiles show` prints; memory is for batch 1, bf16, at `context` tokens. With
+    """Everything `profiles show` prints; memory is for batch 1, `dtype`, at `context` tokens. With
     `budget` (and `policies`, default full + the profile's policy), the plan is the budget's mix."""
     if budget is not None:
-        plan = dr.plan(profile, budget=budget, context=context, policies=policies or ("full", profile.deploy.policy))
+        plan = dr.plan(
+            profile, budget=budget, context=context, policies=policies or ("full", profile.deploy.policy), dtype=dtype
+        )
     else:
         plan = dr.plan(profile, sparsity=sparsity)
-    memory = plan.memory_report(context, batch=1, dtype="bfloat16")
+    memory = plan.memory_report(context, batch=1, dtype=dtype)
     counts: dict[str, int] = {}
     for row in plan.policies:
         for p in row:
@@ -58,16 +63,13 @@ def profile_summary(
         "retrieval_heads_per_layer": plan.retrieval_heads_per_layer,
         "score_histogram": score_histogram(profile.flat_scores()),
         "context": context,
+        "dtype": memory["dtype"],
         "kv_bytes_full": memory["kv_bytes_full"],
         "kv_bytes_plan": memory["kv_bytes_plan"],
         "fraction_of_full": memory["fraction_of_full"],
         "policy_counts": counts,
         "measurements": sorted(profile.measurements),
     }
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
 
 
 def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
@@ -94,6 +96,6 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
     if s["measurements"]:
         console.print(f"measurements: {', '.join(s['measurements'])}")
     console.print(
-        f"KV cache at {s['context']} tokens (batch 1, bf16): {_gib(s['kv_bytes_plan'])} vs {_gib(s['kv_bytes_full'])} "
-        f"full ({s['fraction_of_full']:.1%})"
+        f"KV cache at {s['context']} tokens (batch 1, {s['dtype']}): {human_bytes(s['kv_bytes_plan'])} vs "
+        f"{human_bytes(s['kv_bytes_full'])} full ({s['fraction_of_full']:.1%})"
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from . import hf_compat
 from .hf_compat import LAYER_KWARG
 from .planning import Plan
 from .policies.base import DecodeStep, HeadGroup, Step
@@ -56,6 +57,7 @@ class DuoCacheLayer(CacheLayerMixin):
                 "this DuoCache belongs to a duocal runtime that was removed; make a new cache with the "
                 "runtime now applied (runtime.new_cache()), or a plain cache for the model without duocal"
             )
+        hf_compat.check_attention_is(self.owner, "DuoCache")
         attn_kwargs = kwargs.get("kwargs")
         if not isinstance(attn_kwargs, dict):
             raise RuntimeError(

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,6 +77,37 @@ def padding_mask(
             "pass a mask over every token seen so far plus the new ones"
         )
     return None if bool(mask.all()) else mask
+
+
+def calling_attention_module(depth: int = 5):
+    """The attention module whose forward called `cache.update(...)` (the supported families call it
+    straight from their forward), or None when no such caller is on the stack."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        module = frame.f_locals.get("self")
+        if hasattr(module, "layer_idx") and hasattr(module, "config"):
+            return module
+        frame = frame.f_back
+    return None
+
+
+def check_attention_is(owner, what: str) -> None:
+    """Refuse a duocal cache updated by an attention that is not `owner`'s (another model, or the
+    model switched to another implementation): that attention would not read what duocal stores."""
+    if owner is None or torch.compiler.is_compiling():  # a compiled decode step was checked when it ran eagerly
+        return
+    module = calling_attention_module()
+    if module is None:
+        return
+    running = getattr(module.config, "_attn_implementation", None)
+    if running != owner.name:
+        raise RuntimeError(
+            f"this {what} was used by an attention that is not its duocal runtime's (the model runs {running!r}); "
+            "it would attend to nothing it stored. Use it only with the model its runtime was applied to, and "
+            "apply the plan again (dr.apply) after changing the model's attention implementation"
+        )
 
 
 def register(name: str, attention_fn: Callable) -> None:

@@ -18,7 +18,7 @@ heads — the result is identical to upstream's.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from .arguments import require_count, require_instance, require_number
@@ -60,6 +60,7 @@ class Plan:
     policies: tuple[tuple[HeadPolicy, ...], ...]
     model_name: str | None = None
     choice: dict[str, Any] | None = field(default=None, compare=False)  # what a budget planner chose, and why
+    budget_dtype: str | None = field(default=None, compare=False)  # the dtype a budget in bytes was planned in
 
     def __post_init__(self):
         table = tuple(tuple(row) for row in self.policies)
@@ -130,6 +131,7 @@ class Plan:
         return {
             "model": {"name_or_path": self.model_name, **self.shape.to_dict()},
             "policies": [[p.to_dict() for p in row] for row in self.policies],
+            **({"budget_dtype": self.budget_dtype} if self.budget_dtype else {}),
         }
 
     @classmethod
@@ -137,7 +139,7 @@ class Plan:
         model = dict(data["model"])
         name = model.pop("name_or_path", None)
         table = [[policy_from_dict(p) for p in row] for row in data["policies"]]
-        return cls(ModelShape(**model), table, name)
+        return cls(ModelShape(**model), table, name, budget_dtype=data.get("budget_dtype"))
 
 
 def plan_from_streaming_set(*args, **kwargs) -> Plan:
@@ -243,7 +245,15 @@ def plan(
         bounded = _bounded_for_budget(profile, bounded_policy, Budget.parse(budget), context, batch, dtype)
     else:
         bounded = bounded_heads_for_sparsity(flat, d.sparsity if sparsity is None else sparsity)
-    return plan_from_bounded_set(profile.shape, bounded, bounded_policy, profile.model.name_or_path)
+    made = plan_from_bounded_set(profile.shape, bounded, bounded_policy, profile.model.name_or_path)
+    return replace(made, budget_dtype=budget_dtype_of(budget, dtype))
+
+
+def budget_dtype_of(budget, dtype) -> str | None:
+    """The dtype a budget in bytes was planned in (None for token budgets and no budget)."""
+    if budget is None or Budget.parse(budget).unit != "bytes":
+        return None
+    return str(dtype).removeprefix("torch.")
 
 
 def _mixed_plan(profile: Profile, policies: list[HeadPolicy], budget: Budget, context, batch, dtype) -> Plan:
@@ -260,4 +270,6 @@ def _mixed_plan(profile: Profile, policies: list[HeadPolicy], budget: Budget, co
         for layer in range(profile.shape.num_hidden_layers)
     ]
     report = {**mix.report(), "unit": budget.unit, "budget": budget.amount, "context": context, "batch": batch}
-    return Plan(profile.shape, table, profile.model.name_or_path, choice=report)
+    return Plan(
+        profile.shape, table, profile.model.name_or_path, choice=report, budget_dtype=budget_dtype_of(budget, dtype)
+    )

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import hf_compat
 from .arguments import require_instance
+from .budget import dtype_bytes
 from .cache import DuoCache, DuoCacheLayer
 from .drop_in import forward_with, generate_with
 from .errors import PlanError
@@ -144,6 +145,17 @@ def _weak_attention(runtime: Runtime):
     return attention
 
 
+def check_budget_dtype(plan: Plan, model) -> None:
+    """A plan that filled a byte budget in one dtype would hold other bytes in a model of another."""
+    held = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    planned = plan.budget_dtype
+    if planned is not None and held and dtype_bytes(planned) != dtype_bytes(held):
+        raise PlanError(
+            f"this plan fills its byte budget in {planned}, but the model holds {held} keys and values: its cache "
+            f"would take {dtype_bytes(held) / dtype_bytes(planned):g}x the bytes; make the plan with dtype=model.dtype"
+        )
+
+
 def apply(model, plan: Plan, *, prefill_chunk_size: int | None = None) -> Runtime:
     """Serve `model` with `plan`'s per-head KV cache. Returns a `Runtime` (context manager).
 
@@ -161,6 +173,7 @@ def apply(model, plan: Plan, *, prefill_chunk_size: int | None = None) -> Runtim
             f"plan is for {plan.shape.describe()} ({plan.model_name or 'unnamed model'}), but the model has "
             f"{shape.describe()}: make the plan from this model's profile"
         )
+    check_budget_dtype(plan, model)
     if prefill_chunk_size is not None and prefill_chunk_size <= 0:
         raise PlanError(f"prefill_chunk_size must be a positive number of tokens, got {prefill_chunk_size}")
     runtime = Runtime(model, plan, prefill_chunk_size)

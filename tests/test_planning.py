@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -161,3 +162,25 @@ def test_old_streaming_names_still_work_with_a_deprecation_warning():
     with pytest.warns(DeprecationWarning, match="plan_from_bounded_set"):
         old = dr.plan_from_streaming_set(plan.shape, {0, 3}, dr.SinkWindow())
     assert old == dr.plan_from_bounded_set(plan.shape, {0, 3}, dr.SinkWindow())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_byte_budget_means_the_bytes_the_applied_cache_holds(dtype):
+    """SmolLM2 in fp32 filled ~120 MiB for a 60 MiB plan made in bf16: the plan's dtype must be the model's."""
+    from runtime_models import left_padded_batch, tiny_model
+
+    model = tiny_model("llama", dtype=dtype)
+    profile = random_profile(layers=2, kv_heads=2, heads=4, head_dim=16)
+    budget, context = "40KiB", 200
+    plan = dr.plan(profile, budget=budget, context=context, dtype=model.dtype, sink=4, recent=12)
+    assert plan.budget_dtype == str(dtype).removeprefix("torch.")
+    ids, mask = left_padded_batch([context])
+    with dr.apply(model, plan) as runtime:
+        cache = runtime.new_cache()
+        model(input_ids=ids, attention_mask=mask, cache=cache)
+    assert cache.kv_bytes() == plan.kv_bytes(context, 1, model.dtype) <= 40 * 1024
+    other = torch.bfloat16 if dtype == torch.float32 else torch.float32
+    mismatched = dr.plan(profile, budget=budget, context=context, dtype=other, sink=4, recent=12)
+    with pytest.raises(dr.PlanError, match="fills its byte budget in .*make the plan with dtype=model.dtype"):
+        dr.apply(model, mismatched)
+    assert dr.Plan.from_dict(plan.to_dict()).budget_dtype == plan.budget_dtype

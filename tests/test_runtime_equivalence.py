@@ -184,3 +184,20 @@ def test_a_dropped_model_is_freed_and_unregistered():
     gc.collect()
     assert alive() is None
     assert name not in AttentionInterface._global_mapping and name not in AttentionMaskInterface._global_mapping
+
+
+def test_a_cache_used_by_attention_that_is_not_its_runtimes_is_refused():
+    """Another model given this runtime's cache, or the model switched to sdpa while the runtime is
+    applied, would attend to nothing duocal stored (it generated '88888' for '8EVFK'): refused."""
+    a, b = tiny_model("llama"), tiny_model("llama", seed=1)
+    ids, mask = left_padded_batch([12])
+    with dr.apply(a, all_full(a)) as runtime:
+        with pytest.raises(RuntimeError, match="not its duocal runtime's.*'sdpa'"):
+            b.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, cache=runtime.new_cache())
+        a.set_attn_implementation("sdpa")
+        for call in (
+            lambda: a.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3),
+            lambda: a(input_ids=ids, attention_mask=mask, cache=runtime.new_cache()),
+        ):
+            with pytest.raises(RuntimeError, match="not its duocal runtime's"):
+                call()

@@ -37,6 +37,9 @@ def show(
         Optional[str],
         typer.Option(help="With --budget: the policies heads may get (default: full and the profile's policy)."),
     ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="dtype of the cached keys and values: the model's (memory, budgets).")
+    ] = "bfloat16",
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
 ):
     """Shape, score histogram, retrieval heads per layer and KV memory at CONTEXT vs full.
@@ -50,7 +53,7 @@ def show(
             raise ValueError("--policies chooses per head under a memory budget: give --budget too")
         names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
         summary = profile_summary(
-            dr.load_profile(profile), sparsity=sparsity, context=context, budget=budget, policies=names
+            dr.load_profile(profile), sparsity=sparsity, context=context, budget=budget, policies=names, dtype=dtype
         )
     if as_json:
         typer.echo(json.dumps(summary, indent=2))

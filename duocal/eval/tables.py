@@ -13,15 +13,8 @@ from rich.table import Table
 from duocal.eval.passkey_retrieval import PasskeyRow
 from duocal.eval.perplexity import PerplexityRow
 from duocal.eval.row_kinds import ROWS
+from duocal.units import human_bytes
 from duocal_runtime.atomic import write_atomic
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def exact_match_text(row: PasskeyRow) -> str:

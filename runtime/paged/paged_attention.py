@@ -26,7 +26,7 @@ class PagedStep:
     request_ids: list[str]
     past: list[int]  # tokens each request had before this pass
     new: list[int]  # tokens it adds in this pass
-    bounded_blocks: torch.Tensor | None  # [B] long: each request's block of bounded slots
+    bounded_blocks: torch.Tensor | None  # [B, chunks] long: each request's blocks of bounded slots
 
     @property
     def decode_only(self) -> bool:
@@ -127,28 +127,27 @@ def decode_full(q, keys, values, spans, scaling: float) -> torch.Tensor:
 def attend_bounded(layer: PagedLayerPass, g: int, policy, kv_heads, q, k, v, scaling: float) -> torch.Tensor:
     """q [1, G*R, T, D], k/v [1, G, T, D] of one bounded group -> [1, G*R, T, D]; slots read and written back."""
     cache, step = layer.cache, layer.step
-    views = cache.cache_allocators["sliding_attention"].views[(layer.layer, g)]
-    blocks = step.bounded_blocks
+    views = cache.cache_allocators["sliding_attention"].views[(layer.layer, g)]  # name -> (view, chunk)
     group = policy.make_group(kv_heads, cache.rep, max_length=1)
     if step.decode_only:
-        group.load_state({name: view.index_select(0, blocks) for name, view in views.items()})
+        blocks = {name: step.bounded_blocks[:, chunk] for name, (_, chunk) in views.items()}
+        group.load_state({name: view.index_select(0, blocks[name]) for name, (view, _) in views.items()})
         rank = torch.tensor(step.past, device=q.device)
         decode = DecodeStep(rank.new_zeros(()), torch.ones_like(rank, dtype=torch.bool), rank, rank + 1, None, scaling)
         out = group.decode(
             q[0].transpose(0, 1)[:, :, None], k[0].transpose(0, 1)[:, :, None], v[0].transpose(0, 1)[:, :, None], decode
         )
         for name, value in group.state().items():
-            views[name].index_copy_(0, blocks, value)
+            views[name][0].index_copy_(0, blocks[name], value)
         return out[:, :, 0].transpose(0, 1)[None]
     out = torch.empty_like(q)
     for i, (t0, past, new) in enumerate(zip(step.starts, step.past, step.new)):
-        block = blocks[i : i + 1]
-        group.load_state({name: view.index_select(0, block) for name, view in views.items()})
+        blocks = {name: step.bounded_blocks[i : i + 1, chunk] for name, (_, chunk) in views.items()}
+        group.load_state({name: view.index_select(0, blocks[name]) for name, (view, _) in views.items()})
         ranks = past + torch.arange(new, device=q.device)[None]
         chunk = Step(past, torch.ones_like(ranks, dtype=torch.bool), ranks, ranks[:, -1] + 1, None, scaling)
-        out[:, :, t0 : t0 + new] = group.attend(
-            q[:, :, t0 : t0 + new], k[:, :, t0 : t0 + new], v[:, :, t0 : t0 + new], chunk
-        )
+        span = slice(t0, t0 + new)
+        out[:, :, span] = group.attend(q[:, :, span], k[:, :, span], v[:, :, span], chunk)
         for name, value in group.state().items():
-            views[name].index_copy_(0, block, value)
+            views[name][0].index_copy_(0, blocks[name], value)
     return out

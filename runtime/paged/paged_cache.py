@@ -21,10 +21,10 @@ import torch
 from transformers.generation.continuous_batching.cache import PagedAttentionCache, PagedAttentionMemoryHandler
 from transformers.generation.continuous_batching.cache_allocators.cache_pool import CachePool
 
-from ..hf_compat import LAYER_KWARG
+from ..hf_compat import LAYER_KWARG, check_attention_is
 from ..planning import Plan
 from .paged_attention import PagedLayerPass, PagedStep
-from .pages import ALIGN, BoundedSlots, FullHeadPages, aligned, slot_fields
+from .pages import ALIGN, BoundedSlots, FullHeadPages, slot_fields
 
 logger = logging.getLogger("duocal_runtime.paged")
 
@@ -79,10 +79,10 @@ class DuoPagedCache(PagedAttentionCache):
         full = [len(layer.full) for layer in self.layers]
         if any(full):
             allocators["full_attention"] = FullHeadPages(0, full, head_dim, self.dtype, page_size)
-        fields, nbytes = slot_fields(self.bounded_states())
+        unit = allocators["full_attention"].bytes_per_block if allocators else ALIGN
+        fields, block, chunks = slot_fields(self.bounded_states(), unit)
         if fields:
-            unit = allocators["full_attention"].bytes_per_block if allocators else ALIGN
-            allocators["sliding_attention"] = BoundedSlots(len(allocators), fields, aligned(nbytes, unit))
+            allocators["sliding_attention"] = BoundedSlots(len(allocators), fields, block, chunks)
         return allocators
 
     def bounded_states(self) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
@@ -101,17 +101,18 @@ class DuoPagedCache(PagedAttentionCache):
         return s.num_hidden_layers * 2 * s.num_key_value_heads * s.head_dim * self.dtype.itemsize * page_size
 
     def _size(self, config, cb_config) -> tuple[int, int]:
-        handler = PagedAttentionMemoryHandler(
-            config=config,
-            cb_config=cb_config,
-            dtype=self.dtype,
-            bytes_per_sector=self.bytes_per_sector,
-            tokens_per_sector=self.tokens_per_sector,
-            bytes_per_block=self.plain_block_bytes(cb_config.page_size),
-            attn_types=list(self.cache_allocators),
-        )
+        """(max_batch_tokens, sectors): `num_blocks` converted to this plan's sectors, else transformers'
+        sizing from free memory with this pool's sector size."""
         if cb_config.num_blocks is None:
-            return handler.infer_max_batch_tokens_and_num_sectors()
+            return PagedAttentionMemoryHandler(
+                config=config,
+                cb_config=cb_config,
+                dtype=self.dtype,
+                bytes_per_sector=self.bytes_per_sector,
+                tokens_per_sector=self.tokens_per_sector,
+                bytes_per_block=self.plain_block_bytes(cb_config.page_size),
+                attn_types=list(self.cache_allocators),
+            ).infer_max_batch_tokens_and_num_sectors()
         wanted = cb_config.num_blocks * self.plain_block_bytes(cb_config.page_size)
         sectors = wanted // self.bytes_per_sector
         if sectors < 1:
@@ -119,7 +120,7 @@ class DuoPagedCache(PagedAttentionCache):
                 f"a KV pool of {wanted} bytes holds no sector of this plan ({self.bytes_per_sector} bytes: one "
                 "request's bounded heads, or a run of full-head pages); give more KV memory"
             )
-        return cb_config.max_batch_tokens or handler._default_max_batch_tokens, sectors
+        return cb_config.max_batch_tokens or PagedAttentionMemoryHandler._default_max_batch_tokens, sectors
 
     def _readable_tokens(self, config) -> int:
         """Tokens one pass may read through the engine's index: the full-head pages. Bounded heads read
@@ -184,13 +185,14 @@ class DuoPagedCache(PagedAttentionCache):
         pending, self._pending = self._pending, []
         ids = [rid for rid, _, _ in pending]
         slots = self.cache_allocators.get("sliding_attention")
-        blocks = None if slots is None else torch.tensor([slots.block_of(r) for r in ids], device=device)
+        blocks = None if slots is None else torch.tensor([slots.blocks_of(r) for r in ids], device=device)
         return PagedStep(ids, [p for _, p, _ in pending], [q for _, _, q in pending], blocks)
 
     @torch.compiler.disable
     def update(self, key_states, value_states, layer_idx: int, kwargs: dict):
         """Store the layer's full-head tokens; hand the layer to duocal's attention. k/v [1, Hkv, T, D]."""
         if layer_idx == 0:
+            check_attention_is(self.owner, "paged cache")
             self._step = self._begin_step(key_states.device)
         heads, full_k, full_v, read = self.layers[layer_idx], None, None, False
         pages = self.cache_allocators.get("full_attention")

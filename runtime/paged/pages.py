@@ -9,9 +9,10 @@ either kind), so the split between full-head and bounded memory follows demand:
   tokens. Token `i` of a request lives at row `block * page_size + i % page_size`, the engine's
   own index arithmetic, so its read/write indices and `read_index` gather work unchanged.
 - `BoundedSlots` (the engine's `sliding_attention` allocator, the only other kind its IO knows):
-  one block is a request's whole bounded state, every layer and group: keys, values, ranks and
-  scores as duocal's static groups hold them (sink + recent ring, H2O budget). A request takes one
-  block when it starts and never grows; an evicted token's slot takes the new token in place.
+  a request's whole bounded state, every layer and group: keys, values, ranks and scores as
+  duocal's static groups hold them (sink + recent ring, H2O budget), in a few blocks of one size
+  (each field in one block). A request takes them when it starts and never grows; an evicted
+  token's slot takes the new token in place.
 """
 
 from __future__ import annotations
@@ -102,66 +103,76 @@ class FullHeadPages(CacheAllocator):
 
 @dataclass(frozen=True)
 class SlotField:
-    """One tensor of one bounded group's state inside a request's block (batch dim left out)."""
+    """One tensor of one bounded group's state inside one of a request's blocks (batch dim left out)."""
 
     layer: int
     group: int
     name: str  # the static group's attribute: k, v, rank, score, ...
     shape: tuple[int, ...]
     dtype: torch.dtype
-    offset: int  # bytes from the start of the block
+    chunk: int  # which of the request's blocks holds it
+    offset: int  # bytes from the start of that block
 
 
-def slot_fields(states: dict[tuple[int, int], dict[str, torch.Tensor]]) -> tuple[list[SlotField], int]:
-    """The layout of a request's bounded state: (layer, group) -> {name: tensor [1, ...]} -> fields, bytes."""
-    fields, offset = [], 0
+def slot_fields(states: dict[tuple[int, int], dict[str, torch.Tensor]], unit: int) -> tuple[list[SlotField], int, int]:
+    """The layout of a request's bounded state ((layer, group) -> {name: tensor [1, ...]}) in blocks of
+    equal size, a multiple of `unit` that holds the largest field: (fields, block bytes, blocks per request).
+    Small blocks keep the pool's sectors small (a sector is the least common multiple of block sizes)."""
+    sizes = [aligned(t[0].numel() * t.element_size()) for tensors in states.values() for t in tensors.values()]
+    if not sizes:
+        return [], 0, 0
+    block = aligned(max(sizes), unit)
+    fields, chunk, offset = [], 0, 0
     for (layer, group), tensors in states.items():
         for name, t in tensors.items():
-            fields.append(SlotField(layer, group, name, tuple(t.shape[1:]), t.dtype, offset))
-            offset = aligned(offset + t[0].numel() * t.element_size())
-    return fields, offset
+            size = aligned(t[0].numel() * t.element_size())
+            if offset + size > block:
+                chunk, offset = chunk + 1, 0
+            fields.append(SlotField(layer, group, name, tuple(t.shape[1:]), t.dtype, chunk, offset))
+            offset += size
+    return fields, block, chunk + 1
 
 
 class BoundedSlots(CacheAllocator):
-    """One block per request holding its whole bounded state (`slot_fields`), padded to `block_bytes`."""
+    """`chunks` blocks per request holding its whole bounded state (`slot_fields`), taken when it starts."""
 
     supports_block_sharing = False
     supports_block_table = False
     layer_type = "sliding_attention"
     rows_per_token = 1
 
-    def __init__(self, index: int, fields: list[SlotField], block_bytes: int):
-        self.fields = fields
+    def __init__(self, index: int, fields: list[SlotField], block_bytes: int, chunks: int):
+        self.fields, self.chunks = fields, chunks
         self._before_cache_tensor_init(index, [0], 1, block_bytes, allow_block_sharing=False)
 
     def register_cache_tensor(self, bytes_per_sector, non_trash_bytes, cache_tensor: torch.Tensor, pool: CachePool):
         self._copy_view = cache_tensor.view(-1, self.bytes_per_block)
         blocks = self._copy_view.shape[0]
-        self.views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self.views: dict[tuple[int, int], dict[str, tuple[torch.Tensor, int]]] = {}
         for f in self.fields:
             typed, size = cache_tensor.view(f.dtype), f.dtype.itemsize
             strides = torch.empty(f.shape, device="meta").stride()
             view = typed.as_strided((blocks, *f.shape), (self.bytes_per_block // size, *strides), f.offset // size)
-            self.views.setdefault((f.layer, f.group), {})[f.name] = view
+            self.views.setdefault((f.layer, f.group), {})[f.name] = (view, f.chunk)
         self._after_cache_tensor_init(non_trash_bytes, bytes_per_sector, cache_tensor, pool)
 
     def needs_new_blocks(self, request_id, past_length, query_length):
-        return 0 if self.block_table.get(request_id) else 1
+        return 0 if self.block_table.get(request_id) else self.chunks
 
     def allocate_cache_to_request(self, request_id, past_length, query_length):
         if self.block_table.get(request_id):
             return
-        self.block_table[request_id] = self.pool.get_free_blocks(self.index, 1)
-        self.clear(self.block_table[request_id][0])
+        self.block_table[request_id] = self.pool.get_free_blocks(self.index, self.chunks)
+        self.clear(self.block_table[request_id])
 
-    def clear(self, block: int) -> None:
+    def clear(self, blocks: list[int]) -> None:
         """A fresh request's state: every slot empty (rank -1), zeros elsewhere."""
         for tensors in self.views.values():
-            for name, view in tensors.items():
-                view[block].fill_(-1 if name == "rank" else 0)
+            for name, (view, chunk) in tensors.items():
+                view[blocks[chunk]].fill_(-1 if name == "rank" else 0)
 
-    def block_of(self, request_id: str) -> int:
-        return self.block_table[request_id][0]
+    def blocks_of(self, request_id: str) -> list[int]:
+        return self.block_table[request_id]
 
     def get_seqlen_k(self, past_length, query_length):
         return query_length  # bounded heads read their slots, not the engine's index
