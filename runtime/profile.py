@@ -84,6 +84,28 @@ class Profile:
                 "(duocal profiles list, or duocal calibrate)"
             )
 
+    def summary(self) -> str:
+        """A few lines: the model, where the scores came from, their range, how it deploys."""
+        flat, d = self.flat_scores(), self.deploy
+        sizes = "; ".join(f"{name} {'+'.join(map(str, s.values()))}" for name, s in d.sizes.items()) or "defaults"
+        return "\n".join(
+            (
+                f"profile of {self.model.name_or_path or 'an unnamed model'}: {self.shape.describe()}",
+                f"scores from {self.source.get('kind', 'unknown')}: {min(flat):.2f} to {max(flat):.2f}, "
+                f"{sum(s < 0.1 for s in flat)} of {len(flat)} below 0.1",
+                f"deploys {d.policy} at sparsity {d.sparsity:g} (sizes: {sizes})",
+                "measurements: " + (", ".join(sorted(self.measurements)) or "none"),
+            )
+        )
+
+    def __repr__(self) -> str:
+        d = self.deploy
+        return (
+            f"Profile({self.model.name_or_path or 'unnamed'}: {self.shape.num_hidden_layers} layers x "
+            f"{self.shape.num_key_value_heads} KV heads, {self.source.get('kind', 'unknown')}, deploys {d.policy} "
+            f"at {d.sparsity:g}, {len(self.measurements)} measurements)"
+        )
+
     def with_deploy(self, *policies: HeadPolicy, **changes) -> Profile:
         """This profile with deploy `changes` (sparsity, policy) and the sizes of `policies` recorded."""
         return replace(self, deploy=replace(self.deploy, **changes).with_sizes(*policies))

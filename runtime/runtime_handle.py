@@ -31,6 +31,10 @@ class Runtime:
         self.active = False
         self._previous: str | None = None
 
+    def __repr__(self) -> str:
+        state = "applied" if self.active else "removed"
+        return f"Runtime({state} to {type(self.model).__name__}, {self.plan!r})"
+
     def new_cache(self, max_length: int | None = None) -> DuoCache:
         """A fresh per-head cache for one generation (or one conversation, reused across turns).
 

@@ -4,7 +4,8 @@ A query of rank r sees the keys of rank < `sink` and in (r - `recent`, r]. Ranks
 (-1: padding or an empty slot), so left padding, stored slots in any order and chunked prefill
 are all just rank tensors. Long passes run block-sparse FlexAttention (see block_sparse.py): no
 N×N tensor, no per-block Python loop, no host sync. Short passes take one masked sdpa call,
-where a compiled kernel would cost more than it saves.
+where a compiled kernel would cost more than it saves, and so do passes that record gradients on
+CPU (compiled FlexAttention has no backward there).
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from . import block_sparse as BS
 from . import dense_attention as DA
 
 
+def needs_backward_on_cpu(*tensors: torch.Tensor) -> bool:
+    """Compiled FlexAttention has no backward on CPU (torch 2.13): a pass that records gradients takes
+    the dense masked sdpa instead (exact, differentiable, O(T x S) memory)."""
+    return torch.is_grad_enabled() and any(x.requires_grad for x in tensors) and tensors[0].device.type == "cpu"
+
+
 def sink_window_attention(q, k, v, q_rank, k_rank, window, scaling: float) -> torch.Tensor:
     """q [B, G*R, T, D], k/v [B, G, S, D], q_rank [B, T], k_rank [B, S] -> [B, G*R, T, D], under
     `window` (a `SinkWindow`: its `sees` is the rule, its sizes bound the visited blocks).
@@ -22,7 +29,7 @@ def sink_window_attention(q, k, v, q_rank, k_rank, window, scaling: float) -> to
     Rows of padding queries (rank -1) output zeros or garbage: callers ignore them.
     """
     t, s = q.shape[2], k.shape[2]
-    if DA.fits_dense(t * (q.shape[1] // k.shape[1]), s):
+    if DA.fits_dense(t * (q.shape[1] // k.shape[1]), s) or needs_backward_on_cpu(q, k, v):
         return DA.sdpa(
             q, k, v, window.sees(q_rank[:, None, :, None], k_rank[:, None, None, :]), scaling
         )  # [B, 1, T, S]

@@ -145,3 +145,19 @@ def test_long_prompts_through_the_flex_path_match_the_dense_reference(monkeypatc
     assert torch.equal(got.sequences, want.sequences)
     for row in range(2):
         assert runtime_kept_ranks(cache, 0, row, 1) == reference.kept_ranks(0, row, 1)
+
+
+def test_a_forward_pass_with_gradients_works_above_the_dense_threshold(monkeypatch):
+    """README promises plain forward passes work: with autograd on, CPU takes the differentiable path."""
+    monkeypatch.setattr(DA, "DENSE_MAX_ELEMENTS", 0)  # every pass would take compiled FlexAttention
+    model = tiny_model("llama")
+    plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.SinkWindow(4, 16))
+    ids = torch.randint(1, 97, (1, 300))
+    with dr.apply(model, plan):
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        with torch.no_grad():
+            again = model(input_ids=ids, labels=ids, use_cache=False).loss
+    assert torch.isfinite(loss) and model.model.embed_tokens.weight.grad is not None
+    torch.testing.assert_close(loss.detach(), again, rtol=0, atol=1e-5)  # the same attention either way
+    model.zero_grad()

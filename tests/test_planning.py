@@ -184,3 +184,19 @@ def test_a_byte_budget_means_the_bytes_the_applied_cache_holds(dtype):
     with pytest.raises(dr.PlanError, match="fills its byte budget in .*make the plan with dtype=model.dtype"):
         dr.apply(model, mismatched)
     assert dr.Plan.from_dict(plan.to_dict()).budget_dtype == plan.budget_dtype
+
+
+def test_plans_profiles_and_runtimes_print_on_one_screen():
+    from runtime_models import tiny_model
+
+    profile = random_profile(layers=30, kv_heads=3, heads=9, head_dim=64)
+    plan = dr.plan(profile, sparsity=0.5)
+    for text in (repr(plan), repr(profile)):
+        assert len(text) < 200 and "\n" not in text
+    assert "full 45" in repr(plan) and "sink_window(sink=64, recent=256) 45" in repr(plan)
+    assert plan.summary(context=2048).count("\n") == 3 and "2048 tokens" in plan.summary(context=2048)
+    assert profile.summary().count("\n") == 3
+    model = tiny_model("llama")
+    with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())) as runtime:
+        assert repr(runtime).startswith("Runtime(applied to LlamaForCausalLM, Plan(")
+    assert repr(runtime).startswith("Runtime(removed")
