@@ -1,7 +1,9 @@
 """Atomic writes: a reader sees the old file (or folder) or the new one, never half of one.
 
 New files get the mode a plain `open()` would give them under the user's umask (mkstemp's
-0600 would otherwise survive the rename).
+0600 would otherwise survive the rename). Only regular files are written: a symlink's target is
+replaced (the link stays), and a device, fifo or socket at the path is refused, never replaced.
+Commands check their outputs with `check_output` / `check_output_folder` before any work.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,21 +23,72 @@ def umask_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~mask
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
-    """Write `data` to `path` through a temporary file in the same folder and a rename."""
+KINDS = {
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISFIFO: "a fifo",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def output_target(path: str | os.PathLike) -> Path:
+    """Where a write to `path` lands: `path`, or the file a symlink points to (the link stays). Refuses
+    what is not, or would not be, a regular file: a folder, a device, a fifo, a socket (writing there
+    through a rename would replace the node itself)."""
     path = Path(path)
-    if path.is_dir():
+    target = path.resolve() if path.is_symlink() else path
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        return target
+    if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "is a folder; give a file name", str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    for test, kind in KINDS.items():
+        if test(mode):
+            raise ValueError(
+                f"{path} is {kind}, not a regular file: duocal writes regular files only; give a file path"
+            )
+    return target
+
+
+def check_output(path: str | os.PathLike) -> Path:
+    """Everything a later `write_atomic(path)` needs, checked before any work: a regular file (or none)
+    in a folder that exists or can be made and that this user may write in."""
+    target = output_target(path)
+    folder = next((p for p in (target.parent, *target.parent.parents) if p.exists()), Path("."))
+    if not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "is not a folder", str(folder))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "permission denied (cannot write there)", str(folder))
+    return target
+
+
+def check_output_folder(path: str | os.PathLike) -> Path:
+    """An output folder, checked before any work: a folder (or nothing) where this user may write."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a folder", str(path))
+    folder = next(p for p in (path, *path.parents) if p.exists())
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "permission denied (cannot write there)", str(folder))
+    return path
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
+    """Write `data` to `path` through a temporary file in the same folder and a rename (a symlink's
+    target is replaced, the link kept). Returns `path`."""
+    path = Path(path)
+    target = output_target(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".duocal-", suffix=".tmp", dir=target.parent)  # short: any valid name fits
     try:
         os.fchmod(fd, umask_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -49,7 +103,7 @@ def write_files_atomic(folder: str | os.PathLike, files: Mapping[str, bytes | st
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"{folder} exists and is not a folder")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    staging = Path(tempfile.mkdtemp(prefix=".duocal-", suffix=".tmp", dir=folder.parent))
     try:
         for name, data in files.items():
             write_atomic(staging / name, data)

@@ -224,6 +224,8 @@ def save_profile(profile: Profile, path: str | os.PathLike) -> Path:
 
 def read_profile_file(path: str | os.PathLike) -> Profile:
     path = Path(path)
+    if path.exists() and not path.is_dir() and not path.is_file():
+        raise ProfileError(f"{path} is not a regular file (a fifo or a device?); give a profile file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -97,4 +98,14 @@ def test_cli_json_rows_and_clear_errors(tmp_path):
     assert short.exit_code == 1 and "fewer than one window of 4000" in short.output
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00bad")
     bad = runner.invoke(app, ["eval", "ppl", "--text", str(tmp_path / "bin.txt")])
-    assert bad.exit_code == 1 and "cannot read --text" in bad.output
+    assert bad.exit_code == 1 and "bin.txt is not UTF-8 text" in bad.output
+    fifo = tmp_path / "fifo.txt"
+    os.mkfifo(fifo)  # reading it would block until killed: refused before any work
+    hung = runner.invoke(app, ["eval", "ppl", "--text", str(fifo)])
+    assert hung.exit_code == 1 and "is a fifo, not a regular file" in hung.output
+    for args in (
+        ["profile", "--data", "text", "--text", str(fifo), "--output", str(tmp_path / "p.json")],
+        ["eval", "passkey", "--haystack", str(fifo), "--no-plot"],
+    ):
+        refused = runner.invoke(app, args)
+        assert refused.exit_code == 1 and "is a fifo" in refused.output, args

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from duocal.overrides import apply_overrides
 from duocal_runtime.atomic import write_atomic
+from duocal_runtime.regular_files import check_regular
 
 RECIPES_DIR = Path(str(resources.files("duocal.recipes")))  # recipes/ in a checkout; package data when installed
 DEFAULT_RECIPE = "calibrate_demo"
@@ -225,6 +226,7 @@ def resolve_recipe_path(name_or_path: str | Path | None) -> Path:
 
 def read_yaml(path: Path, what: str) -> Any:
     """A YAML file's content, or `ValueError` naming the file and what is wrong with it."""
+    check_regular(path, what)
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:

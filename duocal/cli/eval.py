@@ -164,6 +164,7 @@ def ppl(
     """
     from duocal.eval.perplexity import PerplexityConfig, evaluate_perplexity
     from duocal.eval.tables import render_ppl_table
+    from duocal_runtime.regular_files import read_text
 
     with user_errors():
         ref, loaded = model_and_profile(model, profile)
@@ -179,10 +180,7 @@ def ppl(
             random_seeds=random_seeds,
         )
         source = text or Path(str(resources.files("duocal") / "assets" / "texts" / DEFAULT_TEXT))
-        try:
-            content = source.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"cannot read --text {source}: {err}") from None
+        content = read_text(source, "--text")
         lm, tokenizer = ref.load_model(), ref.load_tokenizer()
         with eval_progress("ppl") as progress:
             results = evaluate_perplexity(lm, tokenizer, content, config, profile=loaded, progress=progress)

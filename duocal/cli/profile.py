@@ -67,17 +67,15 @@ def profile_command(
     import duocal_runtime as dr
     from duocal.models import ModelRef
     from duocal.profiling import ProfilerConfig, profile_model, with_measurements
+    from duocal_runtime.atomic import check_output
+    from duocal_runtime.regular_files import read_text
 
     with user_errors():
+        check_output(output)  # before the measurement, not after it
         if method != "attention":
             raise ValueError(f"unknown --method {method!r}; the profiler has: attention")
         ref = ModelRef.resolve(model)
-        body = None
-        if text is not None:
-            try:
-                body = text.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as err:
-                raise ValueError(f"cannot read --text {text}: {err}") from None
+        body = None if text is None else read_text(text, "--text")
         base = dr.load_profile(scores_from) if scores_from else None
         default_sink, default_recent = (base.deploy.window.sink, base.deploy.window.recent) if base else ref.window
         config = ProfilerConfig(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from duocal.data.filler import SyntheticFiller
+from duocal_runtime.regular_files import check_regular
 
 _CHUNK_CHARS = 1 << 16  # plain text is tokenized in pieces of about this many characters
 # The passkey task's filler (Mohtashami & Jaggi 2023, arXiv 2305.16300): pretrained LLMs read past it.
@@ -46,9 +47,7 @@ class Haystack:
     @classmethod
     def from_file(cls, path: str | Path, text_field: str = "text") -> Haystack:
         """A ``.jsonl`` file (one JSON object per line, text in ``text_field``) or any plain-text file."""
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"haystack file {path} does not exist")
+        path = check_regular(path, "haystack file")
         if path.suffix == ".jsonl":
             return cls(str(path), lambda: _jsonl_texts(path, text_field))
         return cls(str(path), lambda: _text_chunks(path))
@@ -106,18 +105,38 @@ def _field(row: Any, text_field: str, where: str) -> str:
     return text
 
 
+def _read(file, path: Path) -> str:
+    try:
+        return file.read(_CHUNK_CHARS)
+    except UnicodeDecodeError:
+        raise ValueError(f"haystack file {path} is not UTF-8 text (a binary file?)") from None
+
+
 def _jsonl_texts(path: Path, text_field: str) -> Iterator[str]:
     with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if line.strip():
-                yield _field(json.loads(line), text_field, f"{path}:{number}")
+        for number, line in enumerate(_decoded(lines, path), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"haystack file {path}, line {number}, is not a JSON object: {err}") from None
+            yield _field(row, text_field, f"{path}:{number}")
+
+
+def _decoded(lines, path: Path):
+    """The lines of a text file, or ValueError naming it when it is not UTF-8."""
+    try:
+        yield from lines
+    except UnicodeDecodeError:
+        raise ValueError(f"haystack file {path} is not UTF-8 text (a binary file?)") from None
 
 
 def _text_chunks(path: Path) -> Iterator[str]:
     # Cut at whitespace so no word is split between two tokenizer calls.
     with path.open(encoding="utf-8") as file:
         rest = ""
-        while chunk := file.read(_CHUNK_CHARS):
+        while chunk := _read(file, path):
             text = rest + chunk
             cut = max(text.rfind(" "), text.rfind("\n"))
             if cut <= 0:

@@ -14,7 +14,7 @@ from duocal.eval.passkey_retrieval import PasskeyRow
 from duocal.eval.perplexity import PerplexityRow
 from duocal.eval.row_kinds import ROWS
 from duocal.units import human_bytes
-from duocal_runtime.atomic import write_atomic
+from duocal_runtime.atomic import check_output, write_atomic
 
 
 def exact_match_text(row: PasskeyRow) -> str:
@@ -144,3 +144,4 @@ def check_plot_path(path: Path) -> None:
         raise ValueError(f"--plot {path}: give a file name ending in {', '.join(PLOT_FORMATS)}")
     if path.parent.exists() and not path.parent.is_dir():
         raise ValueError(f"--plot {path}: {path.parent} is not a folder")
+    check_output(path)
