@@ -21,6 +21,7 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
+from . import plan_summary
 from .arguments import require_count, require_instance, require_number
 from .budget import Budget, dtype_bytes
 from .errors import PlanError
@@ -126,34 +127,17 @@ class Plan:
             "fraction_of_full": plan_bytes / full_bytes if full_bytes else 1.0,
         }
 
-    # --- for people -----------------------------------------------------------------------
+    # --- for people (plan_summary.py) ---------------------------------------------------
     def policy_counts(self) -> dict[str, int]:
         """'sink_window(sink=64, recent=512)' -> KV heads with it, in order of first appearance."""
-        counts: dict[str, int] = {}
-        for row in self.policies:
-            for p in row:
-                label = p.name + (f"({', '.join(f'{k}={v}' for k, v in p.sizes().items())})" if p.sizes() else "")
-                counts[label] = counts.get(label, 0) + 1
-        return counts
+        return plan_summary.policy_counts(self)
 
     def summary(self, context: int = 4096, dtype: Any = None) -> str:
-        """A few lines: the model, the heads per policy, retrieval heads per layer, KV memory at `context`."""
-        dtype = dtype or self.budget_dtype or "bfloat16"
-        memory = self.memory_report(context, 1, dtype)
-        return "\n".join(
-            (
-                f"plan for {self.model_name or 'an unnamed model'}: {self.shape.describe()}",
-                "KV heads: " + ", ".join(f"{label} {n}" for label, n in self.policy_counts().items()),
-                "full heads per layer: " + " ".join(map(str, self.retrieval_heads_per_layer)),
-                f"KV cache at {context} tokens, batch 1, {memory['dtype']}: {memory['kv_bytes_plan']:,} bytes "
-                f"({memory['fraction_of_full']:.0%} of full attention)",
-            )
-        )
+        """A few lines: the model, the heads per policy, full heads per layer, KV memory at `context`."""
+        return plan_summary.summary(self, context, dtype)
 
     def __repr__(self) -> str:
-        counts = ", ".join(f"{label} {n}" for label, n in self.policy_counts().items())
-        fraction = self.memory_report(4096, 1, self.budget_dtype or "bfloat16")["fraction_of_full"]
-        return f"Plan({self.model_name or 'unnamed'}: {counts}; {fraction:.0%} of full KV at 4096 tokens)"
+        return plan_summary.one_line(self)
 
     # --- serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
