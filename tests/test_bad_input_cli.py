@@ -3,6 +3,7 @@ traceback, nothing written, and (where a model is named) no model is loaded."""
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -196,6 +197,22 @@ def test_a_hub_that_cannot_be_reached_is_not_called_offline_mode(tmp_path, monke
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("DUOCAL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")
+    monkeypatch.setenv("DUOCAL_HTTP_RETRIES", "1")
+    monkeypatch.setenv("DUOCAL_HTTP_BACKOFF", "0.1")
+    started = time.perf_counter()
     result = CliRunner().invoke(app, ["profiles", "pull", "hf://me/repo"])
-    assert result.exit_code == 1 and result.output.startswith("error: ")
+    assert time.perf_counter() - started < 10  # our retries, not huggingface_hub's five with backoff
+    assert result.exit_code == 1 and result.output.startswith("error: ") and result.output.count("\n") == 1
     assert "could not reach http://127.0.0.1:9" in result.output and "offline mode" not in result.output
+
+
+def test_a_model_on_a_hub_that_cannot_be_reached_is_one_line_in_bounded_time(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("DUOCAL_HTTP_RETRIES", "0")
+    started = time.perf_counter()
+    result = CliRunner().invoke(app, ["eval", "passkey", "--model", "someone/somemodel", "--no-plot"])
+    assert time.perf_counter() - started < 15
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: could not reach http://127.0.0.1:9")

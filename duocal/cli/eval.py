@@ -20,6 +20,7 @@ from .options import (
     SinkOpt,
     SparsityOpt,
     chosen_rows,
+    json_only_stdout,
     split,
 )
 from .progress import eval_progress
@@ -92,7 +93,7 @@ def passkey(
     from duocal.eval.passkey_retrieval import EVAL_SEED, PasskeyEvalConfig, check_eval, evaluate_passkey
     from duocal.eval.tables import check_plot_path, plot_rows, render_table
 
-    with user_errors():
+    with user_errors(), json_only_stdout(as_json):
         if plot is None and not as_json:
             plot = Path("passkey-eval.png")
         if plot is not None and not no_plot:
@@ -166,7 +167,7 @@ def ppl(
     from duocal.eval.tables import render_ppl_table
     from duocal_runtime.regular_files import read_text
 
-    with user_errors():
+    with user_errors(), json_only_stdout(as_json):
         ref, loaded = model_and_profile(model, profile)
         config = PerplexityConfig(
             rows=chosen_rows(rows, policies, loaded is not None),

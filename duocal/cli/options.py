@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -64,3 +67,22 @@ def chosen_rows(rows: str | None, policies: str | None, has_profile: bool) -> tu
         typer.echo("warning: --policies is deprecated for evaluation rows; use --rows", err=True)
         rows = policies
     return tuple(split(rows, str, "rows")) if rows is not None else default_rows(has_profile)
+
+
+@contextlib.contextmanager
+def json_only_stdout(active: bool):
+    """With --json, stdout is the JSON document alone: whatever is printed meanwhile (other libraries'
+    logs, subprocesses, C extensions) goes to stderr, at the file-descriptor level."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

@@ -12,6 +12,7 @@ import duocal_runtime as dr
 
 from ..profile_compare import compare_profiles
 from ..profile_summary import profile_summary, render_summary
+from .options import json_only_stdout
 from .user_errors import user_errors
 
 profiles_app = typer.Typer(help="Inspect, validate, convert and fetch profiles.", no_args_is_help=True)
@@ -48,7 +49,7 @@ def show(
 
       duocal profiles show profiled.json --budget 2GiB --context 131072 --policies full,sink_window,h2o
     """
-    with user_errors():
+    with user_errors(), json_only_stdout(as_json):
         if policies is not None and budget is None:
             raise ValueError("--policies chooses per head under a memory budget: give --budget too")
         names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
@@ -109,7 +110,7 @@ def compare(
 
     Example: duocal profiles compare runs/calibrated.json runs/profiled.json --top 8
     """
-    with user_errors():
+    with user_errors(), json_only_stdout(as_json):
         result = compare_profiles(dr.load_profile(first), dr.load_profile(second), top)
     if as_json:
         typer.echo(json.dumps(result))

@@ -15,6 +15,7 @@ from rich.table import Table
 from duocal_runtime.fetching.prebuilt_index import IndexEntry, load_index
 from duocal_runtime.fetching.profile_cache import ProfileCache, default_cache_dir
 
+from .options import json_only_stdout
 from .profiles import profiles_app
 from .user_errors import user_errors
 
@@ -55,7 +56,7 @@ def list_profiles(
 
     Example: duocal profiles list --json
     """
-    with user_errors():
+    with user_errors(), json_only_stdout(as_json):
         cache = ProfileCache(default_cache_dir())
         rows = [_row(entry, cache) for entry in load_index().entries]
     if as_json:

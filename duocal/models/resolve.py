@@ -62,18 +62,43 @@ class ModelRef:
     def load_config(self):
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(self.path)
+        return self._load(AutoConfig.from_pretrained)
 
     def load_tokenizer(self):
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(self.path)
+        return self._load(AutoTokenizer.from_pretrained)
 
     def load_model(self):
         """The model in its saved dtype, in eval mode."""
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(self.path).eval()
+        return self._load(AutoModelForCausalLM.from_pretrained).eval()
+
+    def _load(self, loader):
+        """`loader(self.path)`; a Hub id is checked reachable first (duocal's timeout and retries, one
+        line), and whatever transformers raises becomes one line that names the model."""
+        from duocal_runtime.fetching.hub import check_reachable, quiet_hub_retries
+
+        if self.from_hub and not _hub_cached(self.path):
+            check_reachable()
+        try:
+            with quiet_hub_retries():
+                return loader(self.path)
+        except (OSError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelFetchError(f"cannot load model {self.arg!r}: {first}") from None
+
+    @property
+    def from_hub(self) -> bool:
+        return not Path(self.path).exists()
+
+
+def _hub_cached(repo_id: str) -> bool:
+    """Whether huggingface_hub's cache holds the model's config (then the Hub need not answer)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
 def _same_folder(path: str, folder: Path) -> bool:

@@ -112,8 +112,21 @@ def sample_measures(stats, rows, spans, policies, shape: dr.ModelShape) -> dict[
     return out
 
 
+def check_positions(config: ProfilerConfig, model_config) -> None:
+    """Refuse contexts beyond the model's positions before any work (evaluation and calibration do too)."""
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    limit = getattr(text, "max_position_embeddings", None)
+    beyond = [c for c in config.contexts if limit is not None and c > limit]
+    if beyond:
+        raise ValueError(
+            f"context {beyond[0]} is beyond the model's max_position_embeddings ({limit}); "
+            "measure at most that many tokens"
+        )
+
+
 def profile_model(model, tokenizer, config: ProfilerConfig, model_name: str | None = None) -> dr.Profile:
-    """Measure and build the version-2 profile (scores: retrieval, else 1 − sink-window kept share)."""
+    """Measure and build the profile (scores: retrieval, else 1 − sink-window kept share)."""
+    check_positions(config, model.config)
     started = time.perf_counter()
     measured = measure(model, tokenizer, config)
     seconds = time.perf_counter() - started

@@ -213,7 +213,9 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt", type=parse_range, default=(2048, 4096), help="prompt tokens, LO:HI")
     ap.add_argument("--new", type=parse_range, default=(64, 128), help="new tokens, LO:HI")
     ap.add_argument("--arrivals", default="burst", help="burst, or poisson:RATE (requests per second)")
-    ap.add_argument("--plain-requests", type=int, default=4, help="KV memory: what plain batching needs for N requests")
+    ap.add_argument(
+        "--plain-requests", type=float, default=4, help="KV memory: what plain batching needs for N requests"
+    )
     ap.add_argument("--kv-memory", help="KV memory in bytes ('2GiB'); overrides --plain-requests")
     ap.add_argument("--max-batch-tokens", type=int, default=None, help="tokens per pass (default: the longest prompt)")
     ap.add_argument("--rows", default=",".join(SERVING_ROWS))

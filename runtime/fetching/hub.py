@@ -14,12 +14,18 @@ PATH is a folder holding `profile.json`.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 from ..errors import ProfileError
+from .download import DownloadSettings
 from .formats import UPSTREAM, format_of, upstream_files
 
 SCHEME = "hf://"
@@ -93,27 +99,77 @@ def env_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
+def _cached(ref: HubRef, filename: str) -> bool:
+    """Whether huggingface_hub's cache holds the file already (then the Hub need not answer)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(
+        ref.repo_id,
+        filename,
+        cache_dir=os.environ.get("HF_HUB_CACHE") or None,
+        revision=ref.revision,
+        repo_type=ref.repo_type,
+    )
+    return isinstance(found, str)
+
+
 def _endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
+
+
+def check_reachable(endpoint: str | None = None, settings: DownloadSettings | None = None) -> None:
+    """Refuse at once, with duocal's timeout and retries (DUOCAL_HTTP_*), a Hub nothing answers at:
+    huggingface_hub would otherwise retry five times with backoff and log every attempt."""
+    url = urlsplit(endpoint or _endpoint() or "https://huggingface.co")
+    settings = settings or DownloadSettings.from_env()
+    port = url.port or (443 if url.scheme == "https" else 80)
+    last: OSError | None = None
+    for attempt in range(settings.retries + 1):
+        if attempt:
+            time.sleep(settings.backoff * 2 ** (attempt - 1))
+        try:
+            socket.create_connection((url.hostname, port), timeout=settings.timeout).close()
+            return
+        except OSError as err:
+            last = err
+    raise HubError(
+        f"could not reach {url.scheme}://{url.netloc} ({last.strerror or last}; {settings.retries + 1} tries): check "
+        "the network (or HF_ENDPOINT), or set HF_HUB_OFFLINE=1 to use what is cached"
+    )
+
+
+@contextlib.contextmanager
+def quiet_hub_retries():
+    """huggingface_hub logs each retry as a warning: one clear error comes instead (ours)."""
+    log = logging.getLogger("huggingface_hub")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def hub_download(ref: HubRef, filename: str, *, offline: bool = False, force: bool = False) -> Path:
     """Local path of `filename` in `ref`'s repo, downloaded through huggingface_hub's cache."""
     from huggingface_hub import hf_hub_download
 
+    if not offline and not _cached(ref, filename):
+        check_reachable()
     try:
-        return Path(
-            hf_hub_download(
-                ref.repo_id,
-                filename,
-                repo_type=ref.repo_type,
-                revision=ref.revision,
-                cache_dir=os.environ.get("HF_HUB_CACHE") or None,
-                endpoint=_endpoint(),
-                local_files_only=offline,
-                force_download=force,
+        with quiet_hub_retries():
+            return Path(
+                hf_hub_download(
+                    ref.repo_id,
+                    filename,
+                    repo_type=ref.repo_type,
+                    revision=ref.revision,
+                    cache_dir=os.environ.get("HF_HUB_CACHE") or None,
+                    endpoint=_endpoint(),
+                    local_files_only=offline,
+                    force_download=force,
+                )
             )
-        )
     except Exception as err:  # huggingface_hub raises many types; all become one clear error
         raise HubError(_download_message(ref, filename, err, offline)) from err
 

@@ -114,23 +114,39 @@ class SlotField:
     offset: int  # bytes from the start of that block
 
 
+def pack(sizes: list[int], block: int) -> list[tuple[int, int]]:
+    """First-fit by decreasing size: (block index, offset) for each size (in the order given)."""
+    used: list[int] = []
+    placed: dict[int, tuple[int, int]] = {}
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        chunk = next((c for c, taken in enumerate(used) if taken + sizes[i] <= block), len(used))
+        if chunk == len(used):
+            used.append(0)
+        placed[i] = (chunk, used[chunk])
+        used[chunk] += sizes[i]
+    return [placed[i] for i in range(len(sizes))]
+
+
 def slot_fields(states: dict[tuple[int, int], dict[str, torch.Tensor]], unit: int) -> tuple[list[SlotField], int, int]:
     """The layout of a request's bounded state ((layer, group) -> {name: tensor [1, ...]}) in blocks of
-    equal size, a multiple of `unit` that holds the largest field: (fields, block bytes, blocks per request).
-    Small blocks keep the pool's sectors small (a sector is the least common multiple of block sizes)."""
-    sizes = [aligned(t[0].numel() * t.element_size()) for tensors in states.values() for t in tensors.values()]
-    if not sizes:
+    one size, a multiple of `unit` (the full-head page): (fields, block bytes, blocks per request).
+    Small blocks keep the pool's sectors small (a sector is the least common multiple of block sizes);
+    of the multiples up to 8x the smallest that holds the largest field, the one that wastes least
+    once the fields are packed (first-fit by decreasing size) is taken."""
+    items = [((layer, group), name, t) for (layer, group), tensors in states.items() for name, t in tensors.items()]
+    if not items:
         return [], 0, 0
-    block = aligned(max(sizes), unit)
-    fields, chunk, offset = [], 0, 0
-    for (layer, group), tensors in states.items():
-        for name, t in tensors.items():
-            size = aligned(t[0].numel() * t.element_size())
-            if offset + size > block:
-                chunk, offset = chunk + 1, 0
-            fields.append(SlotField(layer, group, name, tuple(t.shape[1:]), t.dtype, chunk, offset))
-            offset += size
-    return fields, block, chunk + 1
+    sizes = [aligned(t[0].numel() * t.element_size()) for _, _, t in items]
+    smallest = -(-max(sizes) // unit)
+    block = min(
+        (unit * m for m in range(smallest, 8 * smallest + 1)), key=lambda b: (1 + max(c for c, _ in pack(sizes, b))) * b
+    )
+    where = pack(sizes, block)
+    fields = [
+        SlotField(layer, group, name, tuple(t.shape[1:]), t.dtype, *spot)
+        for ((layer, group), name, t), spot in zip(items, where)
+    ]
+    return fields, block, 1 + max(c for c, _ in where)
 
 
 class BoundedSlots(CacheAllocator):

@@ -1,0 +1,80 @@
+"""With --json, stdout is the JSON document alone, on an empty cache too: everything else printed
+while the command works (other libraries' logs, progress) goes to stderr."""
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import duocal_runtime as dr
+from duocal.cli import app
+from duocal.models.resolve import ModelRef
+
+from helpers import random_profile
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def noisy_loading(monkeypatch, tmp_path):
+    """An empty cache, and a model load that prints to stdout as DeepSpeed's accelerator log did."""
+    monkeypatch.setenv("DUOCAL_CACHE_DIR", str(tmp_path / "cache"))
+    load = ModelRef.load_model
+
+    def noisy(self):
+        print("[WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU")
+        sys.stdout.write("more noise\n")
+        return load(self)
+
+    monkeypatch.setattr(ModelRef, "load_model", noisy)
+
+
+def commands(tmp_path):
+    other = dr.save_profile(random_profile(layers=4, kv_heads=4, heads=8, head_dim=16, seed=3), tmp_path / "o.json")
+    return [
+        ["eval", "passkey", "--contexts", "256", "--samples", "1", "--rows", "full", "--json"],
+        ["eval", "ppl", "--context", "256", "--windows", "1", "--rows", "full", "--json"],
+        ["models", "list", "--json"],
+        ["profiles", "list", "--json"],
+        ["profiles", "show", "demo-model", "--json"],
+        ["profiles", "compare", "demo-model", str(other), "--json"],
+        ["recipes", "list", "--json"],
+    ]
+
+
+def test_every_json_command_prints_only_json_on_stdout(noisy_loading, tmp_path):
+    for args in commands(tmp_path):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args, result.output)
+        json.loads(result.stdout)  # the whole of stdout, nothing before or after
+        if args[0] == "eval":
+            assert "Setting accelerator to CPU" in result.stderr  # moved, not lost
+
+
+@pytest.mark.parametrize("after", [0.05, 0.8], ids=["imports", "command"])
+def test_ctrl_c_at_any_point_is_exit_130_without_a_traceback(after):
+    """During the command's own imports (before typer runs) and inside it (typer's own exit 130)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = os.path.join(os.path.dirname(sys.executable), "duocal")
+    process = subprocess.Popen(
+        [script, "eval", "ppl", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(after)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_the_profiler_refuses_contexts_beyond_the_models_positions_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(ModelRef, "load_model", lambda self: pytest.fail("loaded the weights"))
+    result = runner.invoke(app, ["profile", "--contexts", "1024,5000", "--output", str(tmp_path / "p.json")])
+    assert (
+        result.exit_code == 1 and "context 5000 is beyond the model's max_position_embeddings (4096)" in result.stderr
+    )
+    assert not (tmp_path / "p.json").exists()
