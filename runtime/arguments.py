@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 
@@ -28,12 +28,12 @@ def require_number(name: str, value: Any, lo: float | None = None, hi: float | N
 
 
 def require_count(name: str, value: Any, minimum: int = 0) -> int:
-    """An int (not a bool, not a float or string) >= minimum."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An integer (numpy's too; not a bool, not a float or string) >= minimum, as a Python int."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r:.80}")
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 def require_reference(name: str, value: Any) -> None:

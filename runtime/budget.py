@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 from .errors import PlanError
@@ -49,7 +50,7 @@ class Budget:
         """'12GiB', '500 MB', '3e9B' -> bytes; '2000000 tokens', '2e6tok' or a bare int -> tokens."""
         if isinstance(text, Budget):
             return text
-        if isinstance(text, int) and not isinstance(text, bool):
+        if isinstance(text, Integral) and not isinstance(text, bool):  # numpy integers too
             return cls(float(text), "tokens")
         m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z ]*)\s*", str(text))
         unit = m.group(2).strip().lower() if m else ""

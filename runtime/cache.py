@@ -10,6 +10,8 @@ from it).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -18,6 +20,15 @@ from .hf_compat import LAYER_KWARG
 from .planning import Plan
 from .policies.base import DecodeStep, HeadGroup, Step
 from .policies.static_buffers import check_room, mark_static
+
+
+def check_batch(real: torch.Tensor | None, rows: int) -> None:
+    """A cache serves the batch it was first given (its rows' tokens are in it), never another."""
+    if real is not None and real.shape[0] != rows:
+        raise ValueError(
+            f"this DuoCache holds {real.shape[0]} sequences but was given a batch of {rows}: a cache continues the "
+            "batch it was made for; make a new one with runtime.new_cache() for another batch"
+        )
 
 
 class DuoCacheLayer(CacheLayerMixin):
@@ -81,6 +92,12 @@ class DuoCacheLayer(CacheLayerMixin):
         self.groups = [g.policy.make_group(g.kv_heads, g.rep, self.max_length) for g in self.groups]
         self.seen, self.real = 0, None
 
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError(
+            "a DuoCache cannot be cropped: bounded heads have already evicted tokens a shorter sequence may need; "
+            "start a new cache (runtime.new_cache()) instead"
+        )
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.batch_select_indices(beam_idx)
 
@@ -106,6 +123,7 @@ class DuoCacheLayer(CacheLayerMixin):
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     def _attend_pass(self, q, k, v, pad_mask, scaling):
+        check_batch(self.real, q.shape[0])
         if self.real is None:
             self.real = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
         t = q.shape[2]
@@ -157,6 +175,7 @@ class StaticDuoCacheLayer(DuoCacheLayer):
         self.seen = torch.zeros((), dtype=torch.long)
 
     def _attend_pass(self, q, k, v, pad_mask, scaling):
+        check_batch(self.real, q.shape[0])
         if pad_mask is not None and pad_mask.shape[-1] < self.max_length:
             pad_mask = torch.nn.functional.pad(pad_mask, (0, self.max_length - pad_mask.shape[-1]))
         if self.real is None:
@@ -220,6 +239,21 @@ class DuoCache(Cache):
             ]
         super().__init__(layers=layers)
         self.plan, self.max_length = plan, max_length
+
+    def __deepcopy__(self, memo: dict) -> DuoCache:
+        """An independent copy of the stored tokens that still belongs to the same runtime (transformers'
+        prefix reuse, or one question per copy of a compressed context)."""
+        owner = self.layers[0].owner if self.layers else None
+        memo[id(owner)], memo[id(self.plan)] = owner, self.plan  # shared, not copied (the runtime holds the model)
+        for holder in [*self.layers, *(g for layer in self.layers for g in layer.groups)]:
+            for value in vars(holder).values():
+                if isinstance(value, torch.Tensor):  # stored keys may carry autograd history: copy the values
+                    memo[id(value)] = value.detach().clone()
+        copied = self.__class__.__new__(self.__class__)
+        memo[id(self)] = copied
+        for name, value in vars(self).items():
+            setattr(copied, name, copy.deepcopy(value, memo))
+        return copied
 
     def kv_bytes(self) -> int:
         """Bytes of keys and values held, read from the tensors themselves (slack included)."""

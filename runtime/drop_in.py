@@ -79,12 +79,37 @@ def generate_with(runtime, generate):
 
     @functools.wraps(generate)
     def generate_under_plan(*args, **kwargs):
-        if not runtime.active or given_cache(kwargs) is not None or kwargs.get("use_cache") is False:
+        given = given_cache(kwargs)
+        if given is not None:
+            return generate_continuing(generate, given, args, kwargs)
+        if not runtime.active or kwargs.get("use_cache") is False:
             return generate(*args, **kwargs)
         cache, kwargs = cache_for_call(runtime, args, kwargs)
         return generate(*args, cache=cache, **kwargs)
 
     return generate_under_plan
+
+
+def generate_continuing(generate, cache, args: tuple, kwargs: dict):
+    """generate() on a caller's cache: the prompt must continue what the cache saw (the same rows, the
+    same tokens first), else the answer would be read against another conversation's keys."""
+    ids = kwargs.get("input_ids", args[0] if args else kwargs.get("inputs"))
+    owner = getattr(cache.layers[0], "owner", None) if getattr(cache, "layers", None) else None
+    if owner is not None and not owner.active:
+        return generate(*args, **kwargs)  # its layers say the runtime was removed
+    seen = getattr(cache, "token_ids", None) if int(cache.get_seq_length()) > 0 else None  # reset: a fresh start
+    if seen is not None and ids is not None and hasattr(ids, "shape"):
+        same_rows = ids.shape[0] == seen.shape[0]
+        if not same_rows or ids.shape[1] < seen.shape[1] or not (ids[:, : seen.shape[1]] == seen.to(ids.device)).all():
+            raise ValueError(
+                "this DuoCache holds another conversation: a prompt given with a used cache must start with every "
+                "token the cache saw (a follow-up turn of the same rows); make a new cache with runtime.new_cache()"
+            )
+    out = generate(*args, **kwargs)
+    sequences = getattr(out, "sequences", out)
+    if hasattr(sequences, "shape"):
+        cache.token_ids = sequences.detach()  # what the next call on this cache must continue
+    return out
 
 
 def forward_with(runtime, forward):

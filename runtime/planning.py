@@ -241,6 +241,8 @@ def plan(
     if len(chosen) > 1:
         raise PlanError(f"give one of sparsity, threshold or budget, not {' and '.join(chosen)}")
     d = profile.deploy
+    if isinstance(policies, str):
+        raise TypeError(f"policies must be a list of policy names, e.g. ('full', 'h2o'), got the string {policies!r}")
     if policies is not None:
         if budget is None or policy is not None:
             raise PlanError(

@@ -11,7 +11,7 @@ import weakref
 from typing import Any
 
 from . import hf_compat
-from .arguments import require_instance
+from .arguments import require_count, require_instance
 from .budget import dtype_bytes
 from .cache import DuoCache, DuoCacheLayer
 from .drop_in import forward_with, generate_with
@@ -178,8 +178,10 @@ def apply(model, plan: Plan, *, prefill_chunk_size: int | None = None) -> Runtim
             f"{shape.describe()}: make the plan from this model's profile"
         )
     check_budget_dtype(plan, model)
-    if prefill_chunk_size is not None and prefill_chunk_size <= 0:
-        raise PlanError(f"prefill_chunk_size must be a positive number of tokens, got {prefill_chunk_size}")
+    if prefill_chunk_size is not None:
+        prefill_chunk_size = require_count("prefill_chunk_size", prefill_chunk_size, 0)
+        if prefill_chunk_size < 1:
+            raise PlanError(f"prefill_chunk_size must be a positive number of tokens, got {prefill_chunk_size}")
     runtime = Runtime(model, plan, prefill_chunk_size)
     runtime._install()
     return runtime
