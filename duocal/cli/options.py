@@ -12,7 +12,7 @@ import typer
 
 # Evaluation row kinds (duocal/eval/row_kinds.py registers them; a test checks the two agree). Listed
 # here so that `--help` needs no torch import.
-ROW_NAMES = ("full", "duo", "streaming", "h2o", "random", "mix")
+ROW_NAMES = ("full", "duo", "streaming", "h2o", "random", "snapkv", "mix")
 
 ModelOpt = Annotated[
     Optional[str],

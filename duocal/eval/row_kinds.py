@@ -8,6 +8,7 @@
 | `h2o`       | every head on H2O (arXiv 2306.14048), with the KV bytes of `duo`               | each     |
 | `random`    | that many heads drawn at random on sink + recent; seeds: mean / min / max      | each     |
 | `mix`       | a policy per head among `mix_policies` chosen by measurement at `duo`'s bytes  | each     |
+| `snapkv`    | every head on SnapKV (arXiv 2404.14469, query-aware), with the KV bytes of `duo` | each     |
 
 `mix` chooses among full, sink_window and h2o by default (duocal_runtime/mixed_planning.py).
 
@@ -99,6 +100,13 @@ def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
     return dr.uniform_plan(shape, dr.H2O(heavy=budget - recent, recent=recent))
 
 
+def snapkv_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
+    """SnapKV on every head, each keeping `tokens // heads` (a window of 32, or a quarter of a small budget)."""
+    budget = max(2, min(context, tokens // shape.num_kv_heads_total))
+    window = max(1, min(32, budget // 4))
+    return dr.uniform_plan(shape, dr.SnapKV(selected=budget - window, window=window))
+
+
 def mix_plan(profile: dr.Profile, tokens: int, context: int, policies: Sequence[str] = MIX_POLICIES) -> dr.Plan:
     """The budget planner's choice among `policies` with at most `tokens` (token, head) pairs at `context`."""
     return dr.plan(profile, budget=int(tokens), context=context, policies=tuple(policies))
@@ -145,6 +153,14 @@ register_row(
 )
 register_row(RowKind("h2o", lambda i, s: _one(h2o_plan(i.shape, _budget(i, s), i.context)), style=("tab:green", "^")))
 register_row(RowKind("random", _random, style=("tab:red", "v")))
+register_row(
+    RowKind(
+        "snapkv",
+        lambda i, s: _one(snapkv_plan(i.shape, _budget(i, s), i.context)),
+        default=False,
+        style=("tab:brown", "X"),
+    )
+)
 register_row(
     RowKind(
         "mix",
