@@ -67,6 +67,13 @@ def passkey(
     passkeys: Annotated[
         Optional[int], typer.Option(help="Needles per sample (1: the classic single-passkey task; default: 1 to 6).")
     ] = None,
+    protocol: Annotated[
+        str,
+        typer.Option(
+            help="query-aware (question prefilled with the context), query-agnostic (context prefilled alone, the "
+            "question asked after it on a copy of the cache), or both."
+        ),
+    ] = "query-aware",
     as_json: JsonOpt = False,
     plot: Annotated[
         Optional[Path],
@@ -111,6 +118,7 @@ def passkey(
             batch_size=batch_size,
             format=passkey_format or ref.passkey_format,
             haystack=haystack,
+            protocol=protocol,
             **({} if passkeys is None else {"num_passkeys": passkeys}),
         )
         tokenizer = ref.load_tokenizer()

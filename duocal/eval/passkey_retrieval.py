@@ -34,6 +34,8 @@ from duocal.eval.row_kinds import (
 )
 from duocal_runtime.hf_compat import check_model_supported
 
+from .protocols import answer_after_the_context, protocols_of, question_start
+
 # Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
 EVAL_SEED = 7777
 
@@ -55,6 +57,7 @@ class PasskeyEvalConfig:
     format: str = DEMO_PASSKEY_FORMAT
     num_passkeys: int | tuple[int, int] = (1, 6)
     haystack: Any = "synthetic"
+    protocol: str = "query-aware"  # or query-agnostic (the question after the context), or both (protocols.py)
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -62,6 +65,7 @@ class PasskeyEvalConfig:
         set_("sparsities", tuple(float(s) for s in self.sparsities))
         set_("contexts", tuple(int(c) for c in self.contexts))
         check_rows(self.rows, self.sparsities)
+        protocols_of(self.protocol)
         if not self.contexts or any(c < 1 for c in self.contexts):
             raise ValueError(f"contexts must be positive token counts, got {list(self.contexts)}")
         for name in ("samples", "random_seeds", "batch_size"):
@@ -93,6 +97,7 @@ class PasskeyRow:
     num_heads: int
     head_policy: dict[str, Any] | None  # the non-full policy and its sizes
     seconds: float
+    protocol: str = "query-aware"
     seeds: list[int] | None = None  # random only
     per_seed: list[float] | None = None
     min: float | None = None
@@ -109,6 +114,8 @@ class Batch:
     input_ids: torch.Tensor  # [B, T] left-padded prompts
     attention_mask: torch.Tensor  # [B, T]
     answers: tuple[tuple[int, ...], ...]
+    prompts: tuple[tuple[int, ...], ...] = ()  # unpadded, for the query-agnostic protocol
+    contexts: tuple[int, ...] = ()  # tokens before each prompt's question
 
 
 # --- checks ---------------------------------------------------------------------------------
@@ -153,7 +160,8 @@ def make_batches(samples: Sequence[PasskeySample], batch_size: int, pad_id: int)
     for i in range(0, len(samples), batch_size):
         chunk = samples[i : i + batch_size]
         ids, mask = pad_batch([s.prompt_ids for s in chunk], pad_id, left=True)
-        out.append(Batch(ids, mask.long(), tuple(s.answer_ids for s in chunk)))
+        prompts, contexts = tuple(s.prompt_ids for s in chunk), tuple(question_start(s) for s in chunk)
+        out.append(Batch(ids, mask.long(), tuple(s.answer_ids for s in chunk), prompts, contexts))
     return out
 
 
@@ -174,15 +182,32 @@ def greedy_answers(model, runtime: dr.Runtime, batch: Batch, pad_id: int) -> tup
     return [tuple(row[: len(a)]) for row, a in zip(new, batch.answers)], cache.kv_bytes()
 
 
+def answers_after_the_context(model, runtime: dr.Runtime, batch: Batch) -> tuple[list[tuple[int, ...]], int]:
+    """The query-agnostic protocol, one sample at a time: (answers, most bytes one sequence held x rows)."""
+    runs = [
+        answer_after_the_context(model, runtime, p, c, len(a))
+        for p, c, a in zip(batch.prompts, batch.contexts, batch.answers)
+    ]
+    return [run[0] for run in runs], max(run[1] for run in runs) * len(runs)
+
+
 def run_plan(
-    model, plan: dr.Plan, batches: Sequence[Batch], pad_id: int, tick: Callable[[int], None] = lambda n: None
+    model,
+    plan: dr.Plan,
+    batches: Sequence[Batch],
+    pad_id: int,
+    tick: Callable[[int], None] = lambda n: None,
+    protocol: str = "query-aware",
 ) -> tuple[list[bool], int]:
     """Exact match per sample, and the most KV bytes one sequence held (measured)."""
     hits: list[bool] = []
     measured = 0
     with dr.apply(model, plan) as runtime:
         for batch in batches:
-            answers, nbytes = greedy_answers(model, runtime, batch, pad_id)
+            if protocol == "query-agnostic":
+                answers, nbytes = answers_after_the_context(model, runtime, batch)
+            else:
+                answers, nbytes = greedy_answers(model, runtime, batch, pad_id)
             hits += [got == want for got, want in zip(answers, batch.answers)]
             measured = max(measured, nbytes // len(batch.answers))
             tick(len(batch.answers))
@@ -190,7 +215,7 @@ def run_plan(
 
 
 def passkey_row(
-    row: RowPlans, context: int, results: list[tuple[list[bool], int]], dtype: Any, seconds: float
+    row: RowPlans, context: int, results: list[tuple[list[bool], int]], dtype: Any, seconds: float, protocol: str
 ) -> PasskeyRow:
     plans = row.plans
     full_bytes = dr.uniform_plan(plans[0].shape, dr.Full()).kv_bytes(context, 1, dtype)
@@ -210,6 +235,7 @@ def passkey_row(
         num_heads=plans[0].num_heads,
         head_policy=head_policy(plans[0]),
         seconds=round(seconds, 2),
+        protocol=protocol,
     )
     if row.seeds is not None:
         out.seeds, out.per_seed = list(row.seeds), accuracies
@@ -240,7 +266,8 @@ def evaluate_passkey(
         batches = make_batches(make_samples(tokenizer, context, config), config.batch_size, pad_id)
         inputs = RowInputs(shape, context, window, profile, config.random_seeds)
         work += [(context, r, batches) for r in build_rows(config.rows, config.sparsities, inputs, plans)]
-    total = sum(len(v.plans) for _, v, _ in work) * config.samples
+    protocols = protocols_of(config.protocol)
+    total = sum(len(v.plans) for _, v, _ in work) * config.samples * len(protocols)
     done = 0
 
     def tick(n: int) -> None:
@@ -250,10 +277,10 @@ def evaluate_passkey(
             progress(done, total, label)
 
     rows = []
-    for context, row, batches in work:
-        label = f"{row.label}, {context} tokens"
+    for (context, row, batches), protocol in ((w, p) for w in work for p in protocols):
+        label = f"{row.label}, {context} tokens, {protocol}"
         tick(0)
         started = time.perf_counter()
-        results = [run_plan(model, plan, batches, pad_id, tick) for plan in row.plans]
-        rows.append(passkey_row(row, context, results, dtype, time.perf_counter() - started))
+        results = [run_plan(model, plan, batches, pad_id, tick, protocol) for plan in row.plans]
+        rows.append(passkey_row(row, context, results, dtype, time.perf_counter() - started, protocol))
     return rows

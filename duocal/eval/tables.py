@@ -17,6 +17,11 @@ from duocal.units import human_bytes
 from duocal_runtime.atomic import check_output, write_atomic
 
 
+def row_name(row) -> str:
+    """The row kind, marked when the question came after the context (the query-agnostic protocol)."""
+    return row.row if getattr(row, "protocol", "query-aware") == "query-aware" else f"{row.row} (q after)"
+
+
 def exact_match_text(row: PasskeyRow) -> str:
     text = f"{row.exact_match:.3f}"
     if row.min is not None:
@@ -44,7 +49,7 @@ def render_ppl_table(rows: Sequence[PerplexityRow], console: Console | None = No
     for row in rows:
         ppl = f"{row.ppl:.3f}" + (f" [{min(row.per_seed):.2f}-{max(row.per_seed):.2f}]" if row.per_seed else "")
         table.add_row(
-            row.row,
+            row_name(row),
             str(row.context),
             f"{row.sparsity:g}",
             ppl,
@@ -74,7 +79,7 @@ def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, tit
     for row in rows:
         samples = f"{row.samples}x{len(row.seeds)}" if row.seeds else str(row.samples)
         table.add_row(
-            row.row,
+            row_name(row),
             str(row.context),
             f"{row.sparsity:g}",
             exact_match_text(row),
@@ -95,15 +100,16 @@ def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = 
     from matplotlib.figure import Figure
 
     contexts = sorted({r.context for r in rows})
-    kinds = list(dict.fromkeys(r.row for r in rows))
+    kinds = list(dict.fromkeys(row_name(r) for r in rows))
     fig = Figure(figsize=(5 * len(contexts), 4))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(contexts), squeeze=False, sharey=True)
     spare = iter(f"C{i}" for i in range(5, 100))
-    styles = {k: ROWS[k].style if k in ROWS else (next(spare), "D") for k in kinds}
+    base = {row_name(r): r.row for r in rows}
+    styles = {k: ROWS[base[k]].style if base[k] in ROWS and k == base[k] else (next(spare), "D") for k in kinds}
     for ax, context in zip(axes[0], contexts):
         for kind in kinds:
-            points = sorted((r for r in rows if r.context == context and r.row == kind), key=lambda r: r.kv_bytes)
+            points = sorted((r for r in rows if r.context == context and row_name(r) == kind), key=lambda r: r.kv_bytes)
             if not points:
                 continue
             color, marker = styles[kind]
