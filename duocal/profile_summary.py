@@ -45,6 +45,10 @@ def profile_summary(
     else:
         plan = dr.plan(profile, sparsity=sparsity)
     memory = plan.memory_report(context, batch=1, dtype=dtype)
+    from duocal_runtime.head_order import decided_by_ties, tie_losses
+
+    measured = tie_losses(profile, profile.deploy.sized(profile.deploy.policy)) is not None
+    tied = decided_by_ties(profile.flat_scores(), plan.num_bounded, measured)
     counts: dict[str, int] = {}
     for row in plan.policies:
         for p in row:
@@ -68,6 +72,8 @@ def profile_summary(
         "kv_bytes_plan": memory["kv_bytes_plan"],
         "fraction_of_full": memory["fraction_of_full"],
         "policy_counts": counts,
+        "tie_decided_heads": tied,
+        "ties_broken_by": "measured loss" if measured else "head index",
         "measurements": sorted(profile.measurements),
     }
 
@@ -95,6 +101,11 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
     console.print("KV heads per policy: " + ", ".join(f"{name} {n}" for name, n in s["policy_counts"].items()))
     if s["measurements"]:
         console.print(f"measurements: {', '.join(s['measurements'])}")
+    if s.get("tie_decided_heads"):
+        hint = "" if s["ties_broken_by"] != "head index" else " (add measurements: duocal profile --scores-from)"
+        console.print(
+            f"{s['tie_decided_heads']} bounded heads were chosen among tied scores, by {s['ties_broken_by']}{hint}"
+        )
     console.print(
         f"KV cache at {s['context']} tokens (batch 1, {s['dtype']}): {human_bytes(s['kv_bytes_plan'])} vs "
         f"{human_bytes(s['kv_bytes_full'])} full ({s['fraction_of_full']:.1%})"

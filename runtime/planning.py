@@ -3,10 +3,11 @@
 `plan(profile, sparsity=0.5)` follows upstream DuoAttention's rule (``sparsify_attention_heads``
 in duo_attn/utils.py: a global quantile over all heads; heads at or above it stay full) but is
 exact and deterministic: exactly ``round(sparsity * heads)`` heads become non-retrieval, taken
-in *bounded order* (the order heads stop being full):
+in *bounded order* (the order heads stop being full; head_order.py):
 
     ascending score; among equal scores, the head with the larger flat index
-    (layer * num_kv_heads + head) first.
+    (layer * num_kv_heads + head) first (with the profile's measurements: among scores within
+    1e-3, the head that loses least when bounded first).
 
 So ties never depend on random noise (upstream adds U(0, 1e-6) noise; on its
 Mistral-7B-Instruct-v0.2 pattern 20 heads tie at the 50% threshold), and among tied heads the
@@ -25,15 +26,11 @@ from . import plan_summary
 from .arguments import require_count, require_instance, require_number
 from .budget import Budget, dtype_bytes
 from .errors import PlanError
+from .head_order import bounded_order, tie_losses
 from .mixed_planning import mixed_choice
 from .model_shape import ModelShape
 from .policies import Full, HeadPolicy, policy_from_dict
 from .profile import Profile
-
-
-def bounded_order(flat_scores: Sequence[float]) -> list[int]:
-    """Flat head indices in the order they become non-retrieval (see module docstring)."""
-    return sorted(range(len(flat_scores)), key=lambda i: (flat_scores[i], -i))
 
 
 def bounded_head_count(num_heads: int, sparsity: float) -> int:
@@ -43,9 +40,9 @@ def bounded_head_count(num_heads: int, sparsity: float) -> int:
     return round(sparsity * num_heads)
 
 
-def bounded_heads_for_sparsity(flat_scores: Sequence[float], sparsity: float) -> set[int]:
-    """Exactly `bounded_head_count` heads, lowest scores first (deterministic tie order)."""
-    return set(bounded_order(flat_scores)[: bounded_head_count(len(flat_scores), sparsity)])
+def bounded_heads_for_sparsity(flat_scores: Sequence[float], sparsity: float, losses=None) -> set[int]:
+    """Exactly `bounded_head_count` heads, lowest scores first (ties: head_order.py)."""
+    return set(bounded_order(flat_scores, losses)[: bounded_head_count(len(flat_scores), sparsity)])
 
 
 def bounded_heads_for_threshold(flat_scores: Sequence[float], threshold: float) -> set[int]:
@@ -182,7 +179,7 @@ def plan_from_bounded_set(
 def _bounded_for_budget(profile: Profile, policy: HeadPolicy, budget: Budget, context, batch, dtype) -> set[int]:
     if context is None or context <= 0:
         raise PlanError("a budget needs the context length it applies to: pass context=N (tokens)")
-    order = bounded_order(profile.flat_scores())
+    order = bounded_order(profile.flat_scores(), tie_losses(profile, policy))
     shape, name = profile.shape, profile.model.name_or_path
 
     def cost(k: int) -> int:
@@ -259,7 +256,8 @@ def plan(
     elif budget is not None:
         bounded = _bounded_for_budget(profile, bounded_policy, Budget.parse(budget), context, batch, dtype)
     else:
-        bounded = bounded_heads_for_sparsity(flat, d.sparsity if sparsity is None else sparsity)
+        chosen = d.sparsity if sparsity is None else sparsity
+        bounded = bounded_heads_for_sparsity(flat, chosen, tie_losses(profile, bounded_policy))
     made = plan_from_bounded_set(profile.shape, bounded, bounded_policy, profile.model.name_or_path)
     return replace(made, budget_dtype=budget_dtype_of(budget, dtype))
 
