@@ -96,3 +96,12 @@ def test_the_profiler_refuses_contexts_beyond_the_models_positions_before_any_wo
         result.exit_code == 1 and "context 5000 is beyond the model's max_position_embeddings (4096)" in result.stderr
     )
     assert not (tmp_path / "p.json").exists()
+
+
+def test_evaluations_print_each_row_on_stderr_as_it_finishes_and_keep_stdout_for_results():
+    result = runner.invoke(
+        app, ["eval", "ppl", "--context", "256", "--windows", "1", "--rows", "full,streaming", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)
+    assert "full: ppl" in result.stderr and "streaming: ppl" in result.stderr

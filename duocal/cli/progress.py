@@ -5,19 +5,41 @@ from __future__ import annotations
 import contextlib
 
 
+class EvalProgress:
+    """What evaluations report to: `progress(done, total, what)` moves the bar, `progress.row(text)`
+    prints a finished row above it (on stderr, so results are seen as they come)."""
+
+    def __init__(self, bar, task):
+        self.bar, self.task = bar, task
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        self.bar.update(self.task, completed=done, total=total, description=what)
+
+    def row(self, text: str) -> None:
+        self.bar.console.print(text, highlight=False)
+
+
 @contextlib.contextmanager
 def eval_progress(label: str):
-    """A transient bar on stderr; yields the `progress(done, total, label)` callback evaluations take."""
+    """A bar on stderr with units done / in all, elapsed time and ETA; yields an `EvalProgress`."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
         console=Console(stderr=True),
         transient=True,
     ) as bar:
-        task = bar.add_task(label, total=None)
-        yield lambda done, total, what: bar.update(task, completed=done, total=total, description=what)
+        yield EvalProgress(bar, bar.add_task(label, total=None))

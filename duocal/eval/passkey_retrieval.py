@@ -283,4 +283,9 @@ def evaluate_passkey(
         started = time.perf_counter()
         results = [run_plan(model, plan, batches, pad_id, tick, protocol) for plan in row.plans]
         rows.append(passkey_row(row, context, results, dtype, time.perf_counter() - started, protocol))
+        if hasattr(progress, "row"):  # the CLI's progress prints each row as it finishes
+            r = rows[-1]
+            progress.row(
+                f"{label}: exact match {r.exact_match:.3f}, KV {r.fraction_of_full:.0%} of full ({r.seconds:.0f} s)"
+            )
     return rows

@@ -169,4 +169,7 @@ def evaluate_perplexity(
         started = time.perf_counter()
         ppls = [plan_ppl(model, plan, windows, config, tick) for plan in row.plans]
         rows.append(perplexity_row(row, config, ppls, len(windows), dtype, time.perf_counter() - started))
+        if hasattr(progress, "row"):  # the CLI's progress prints each row as it finishes
+            r = rows[-1]
+            progress.row(f"{label}: ppl {r.ppl:.3f}, KV {r.fraction_of_full:.0%} of full ({r.seconds:.0f} s)")
     return rows
