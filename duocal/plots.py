@@ -26,6 +26,16 @@ def _matrix(scores: Scores) -> list[list[float]]:
     return matrix
 
 
+def title_lines(text: str, width: int) -> str:
+    """A title that breaks between phrases ("model: what (how)" -> "model:" / "what (how)"), not inside one."""
+    lines = []
+    for line in text.splitlines():
+        parts = [p + ":" for p in line.split(": ")[:-1]] + [line.split(": ")[-1]]
+        for part in parts:
+            lines += textwrap.wrap(part, width, break_long_words=False) or [""]
+    return "\n".join(lines)
+
+
 def _default_title(scores: Scores) -> str:
     if isinstance(scores, dr.Profile):
         return f"{scores.model.name_or_path or 'profile'}\nscore per (layer, KV head)"
@@ -60,7 +70,7 @@ def scores_heatmap(
     ax.set_xlabel("KV head")
     ax.set_ylabel("layer")
     text = title if title is not None else _default_title(profile)
-    ax.set_title("\n".join(textwrap.fill(line, int(width * 9)) for line in text.splitlines()), fontsize=9)
+    ax.set_title(title_lines(text, int(width * 9)), fontsize=9)
     fig.colorbar(image, ax=ax, label=label)
     fig.tight_layout()
     buffer = io.BytesIO()

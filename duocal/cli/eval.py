@@ -137,7 +137,13 @@ def passkey(
         )
     if plot is not None and not no_plot:
         try:
-            typer.echo(f"wrote {plot_rows(results, plot, title=f'passkey retrieval, {Path(ref.arg).name}')}", err=True)
+            window = config.window(loaded)
+            subtitle = (
+                f"{config.samples} samples per context, seed {config.seed}, bounded heads: sink {window.sink} "
+                f"+ recent {window.recent}, sparsity {', '.join(f'{s:g}' for s in config.sparsities)}"
+            )
+            written = plot_rows(results, plot, title=f"passkey retrieval, {ref.name}", subtitle=subtitle)
+            typer.echo(f"wrote {written}", err=True)
         except Exception as exc:  # the results are printed: a plot must not fail the command
             typer.echo(f"warning: could not write the plot {plot}: {exc}", err=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -92,46 +93,62 @@ def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, tit
     console.print(table)
 
 
-def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = None) -> Path:
+def byte_unit(largest: float) -> tuple[str, float]:
+    """The binary unit in which `largest` bytes reads with at most four digits: (name, bytes per unit)."""
+    for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if largest >= size:
+            return name, size
+    return "B", 1
+
+
+def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = None, subtitle: str = "") -> Path:
     """One panel per context: exact match against analytic KV bytes, a line per row kind (random
-    with its min-max over seeds as error bars). Drawn on a bare `Figure` with the Agg canvas, so
-    pyplot's global state and backend are left alone."""
+    with its min-max over seeds as error bars). Bytes in the unit that reads best; rows at the same
+    bytes are shifted a little apart so none hides another; a single point is a marker, not a line.
+    Drawn on a bare `Figure` with the Agg canvas, so pyplot's global state is left alone."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     contexts = sorted({r.context for r in rows})
     kinds = list(dict.fromkeys(row_name(r) for r in rows))
-    fig = Figure(figsize=(5 * len(contexts), 4))
+    unit, size = byte_unit(max(r.kv_bytes for r in rows))
+    fig = Figure(figsize=(5.5 * len(contexts), 4.4))
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(contexts), squeeze=False, sharey=True)
     spare = iter(f"C{i}" for i in range(5, 100))
     base = {row_name(r): r.row for r in rows}
     styles = {k: ROWS[base[k]].style if base[k] in ROWS and k == base[k] else (next(spare), "D") for k in kinds}
     for ax, context in zip(axes[0], contexts):
-        for kind in kinds:
+        span = max(r.kv_bytes for r in rows if r.context == context) / size
+        for n, kind in enumerate(kinds):
             points = sorted((r for r in rows if r.context == context and row_name(r) == kind), key=lambda r: r.kv_bytes)
             if not points:
                 continue
             color, marker = styles[kind]
-            x = [r.kv_bytes / 1024 for r in points]
+            shift = (n - (len(kinds) - 1) / 2) * 0.012 * span  # rows at the same bytes side by side
+            x = [r.kv_bytes / size + shift for r in points]
             y = [r.exact_match for r in points]
+            line = "-" if len(points) > 1 else "none"
             if all(r.min is not None for r in points):
                 # clamped: the mean of draws can exceed their max by a rounding error (1e-17)
                 err = [
                     [max(0.0, r.exact_match - r.min) for r in points],
                     [max(0.0, r.max - r.exact_match) for r in points],
                 ]
-                ax.errorbar(x, y, yerr=err, color=color, marker=marker, capsize=3, label=kind)
+                ax.errorbar(x, y, yerr=err, color=color, marker=marker, linestyle=line, capsize=3, label=kind)
             else:
-                ax.plot(x, y, color=color, marker=marker, label=kind)
-        ax.set_title(f"context {context}")
-        ax.set_xlabel("KV cache per sequence (KiB)")
+                ax.plot(x, y, color=color, marker=marker, linestyle=line, markersize=7, label=kind)
+        ax.set_title(f"context {context:,} tokens", fontsize=10)
+        ax.set_xlabel(f"KV cache per sequence ({unit})")
+        ax.set_xlim(left=0, right=span * 1.08)
+        ax.locator_params(axis="x", nbins=5)
         ax.set_ylim(-0.03, 1.03)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("passkey exact match")
-    axes[0][-1].legend(loc="lower right")
+    axes[0][-1].legend(loc="lower right", fontsize=8)
     if title:
-        fig.suptitle(title)
+        wrapped = textwrap.fill(subtitle, int(12 * 5.5 * len(contexts)), break_long_words=False)
+        fig.suptitle(title + (f"\n{wrapped}" if subtitle else ""), fontsize=10)
     fig.tight_layout()
     path = Path(path)
     buffer = io.BytesIO()
