@@ -39,10 +39,11 @@ def flex(q, k, v, block_mask: BlockMask, scaling: float, score_mod=None, return_
 
 
 def padded_length(n: int) -> int:
-    """n rounded up to a multiple of BLOCK with at most 4 significant bits in its block count
-    (<= 12.5% padding past 16 blocks): about 8 compiled shapes per doubling of the length."""
+    """n rounded up to a multiple of BLOCK with at most 3 significant bits in its block count
+    (< 25% padding past 8 blocks; padded rows and blocks are never visited): 4 compiled shapes per
+    doubling of the length."""
     blocks = -(-n // BLOCK)
-    step = 1 << max(0, blocks.bit_length() - 4)
+    step = 1 << max(0, blocks.bit_length() - 3)
     return -(-blocks // step) * step * BLOCK
 
 

@@ -10,14 +10,18 @@ import torch
 import torch.nn.functional as F
 
 # Query rows x keys up to which one dense call (a masked sdpa, or fp32 probabilities) is used
-# instead of a compiled block-sparse kernel: on CPU within ~1.3x of the compiled kernel (measured,
-# sink 64 + recent 256), and no compile per new shape.
+# instead of a compiled block-sparse kernel, which costs 5-13 s to compile per new shape on CPU.
+# Measured on this 2-core CPU (one group of 1 KV x 3 query heads, sink 64 + recent 512, fp32): dense
+# 35 ms vs compiled 38 ms at 1536 tokens, 90 vs 66 ms at 2048, 448 vs 85 ms at 3072, 900 vs 140 ms
+# at 4096: below ~2k tokens the compiled kernel never pays back its compile, from ~3k it does at once.
 DENSE_MAX_ELEMENTS = 1 << 19
+CPU_FACTOR = 16  # on CPU: 2^23 elements, ~1.7k tokens at 3 query heads per KV head
 
 
-def fits_dense(query_rows: int, keys: int) -> bool:
+def fits_dense(query_rows: int, keys: int, device: torch.device | None = None) -> bool:
     """Whether a pass of `query_rows` (queries x query heads per KV head) over `keys` takes the dense route."""
-    return query_rows * keys <= DENSE_MAX_ELEMENTS
+    limit = DENSE_MAX_ELEMENTS * (CPU_FACTOR if device is None or device.type == "cpu" else 1)
+    return query_rows * keys <= limit
 
 
 def guard_empty_rows(mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -31,6 +31,24 @@ class Runtime:
         self.active = False
         self._previous: str | None = None
 
+    def warmup(self, lengths, batch: int = 1) -> float:
+        """Compile, once, the kernels that prefills of these prompt lengths use (FlexAttention's block-sparse
+        kernels, one per padded length and head-group size), so that no later call of those lengths waits
+        for a compile (5-13 s each on CPU). Returns the seconds it took."""
+        import time
+
+        import torch
+
+        started = time.perf_counter()
+        device = next(self.model.parameters()).device
+        vocab = getattr(self.model.config, "vocab_size", 2)
+        with torch.no_grad():
+            for n in lengths:
+                n = require_count("warmup length", n, 1)
+                ids = torch.randint(1, max(2, vocab), (require_count("batch", batch, 1), n), device=device)
+                self.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        return time.perf_counter() - started
+
     def __repr__(self) -> str:
         state = "applied" if self.active else "removed"
         return f"Runtime({state} to {type(self.model).__name__}, {self.plan!r})"
@@ -160,12 +178,13 @@ def check_budget_dtype(plan: Plan, model) -> None:
         )
 
 
-def apply(model, plan: Plan, *, prefill_chunk_size: int | None = None) -> Runtime:
+def apply(model, plan: Plan, *, prefill_chunk_size: int | None = None, warmup=()) -> Runtime:
     """Serve `model` with `plan`'s per-head KV cache. Returns a `Runtime` (context manager).
 
     `prefill_chunk_size` splits long prompts into chunks inside every layer's attention: peak
     attention memory is bounded by the chunk, and H2O heads evict after each chunk (so their
     kept set can differ from a one-pass prefill, as chunked prefill does in the H2O reference).
+    `warmup` (prompt lengths) compiles their kernels now (`Runtime.warmup`), not at the first call.
     """
     require_instance("plan", plan, Plan, "a Plan (make one with dr.plan(profile, sparsity=...))")
     if not hasattr(model, "config") or not hasattr(model, "set_attn_implementation"):
@@ -184,4 +203,6 @@ def apply(model, plan: Plan, *, prefill_chunk_size: int | None = None) -> Runtim
             raise PlanError(f"prefill_chunk_size must be a positive number of tokens, got {prefill_chunk_size}")
     runtime = Runtime(model, plan, prefill_chunk_size)
     runtime._install()
+    if warmup:
+        runtime.warmup(warmup)
     return runtime

@@ -29,7 +29,7 @@ def attention_with_mass(q, k, v, q_rank, k_rank, scaling: float) -> tuple[torch.
     """q [B, G*R, T, D], k/v [B, G, S, D], q_rank [B, T], k_rank [B, G, S] (each head its own slots)
     -> out [B, G*R, T, D], mass [B, G, S] fp32. A key is visible when real and not after the query."""
     t, s, r = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
-    if DA.fits_dense(t * r, s):
+    if DA.fits_dense(t * r, s, q.device):
         return _blocked(q, k, v, q_rank, k_rank, scaling, block=t)
     if not flex_route(q.device):  # a block of queries holds BLOCK_ELEMENTS logits over all rows and heads
         rows_per_query = q.shape[0] * q.shape[1]

@@ -29,7 +29,7 @@ def sink_window_attention(q, k, v, q_rank, k_rank, window, scaling: float) -> to
     Rows of padding queries (rank -1) output zeros or garbage: callers ignore them.
     """
     t, s = q.shape[2], k.shape[2]
-    if DA.fits_dense(t * (q.shape[1] // k.shape[1]), s) or needs_backward_on_cpu(q, k, v):
+    if DA.fits_dense(t * (q.shape[1] // k.shape[1]), s, q.device) or needs_backward_on_cpu(q, k, v):
         return DA.sdpa(
             q, k, v, window.sees(q_rank[:, None, :, None], k_rank[:, None, None, :]), scaling
         )  # [B, 1, T, S]

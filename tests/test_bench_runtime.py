@@ -1,5 +1,7 @@
 """The runtime benchmark runs every row kind and reports what the README's table shows."""
 
+import json
+
 import pytest
 
 from duocal_runtime.bench import rows as R
@@ -46,3 +48,33 @@ def test_unknown_rows_and_shapes_are_refused(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--shape", "gpt5"])
     assert set(R.ROWS) >= {"dynamic", "static", "full", "stream50", "stream75", "h2o50", "full-compiled"}
+
+
+@pytest.mark.slow
+def test_first_call_benchmark_runs_each_row_in_a_fresh_process(tmp_path, capsys):
+    """Rows plain and duo50 on a tiny saved Llama: a table with plain at 1.00x and JSON with both rows."""
+    import duocal_runtime as dr
+    from duocal_runtime.bench import first_call
+
+    from helpers import random_profile
+    from runtime_models import tiny_model
+
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "model")
+    shape = dr.shape_of_config(model.config)
+    profile = random_profile(
+        shape.num_hidden_layers, shape.num_key_value_heads, shape.num_attention_heads, shape.head_dim
+    )
+    dr.save_profile(profile, tmp_path / "p.json")
+    out = tmp_path / "rows.json"
+    first_call.main(
+        ["--model", str(tmp_path / "model"), "--profile", str(tmp_path / "p.json"), "--prompt", "40"]
+        + ["--new", "3", "--rows", "plain,duo50", "--out", str(out)]
+    )
+    rows = {r["row"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"plain", "duo50"}
+    assert all(0 < r["generate_s"] < r["process_s"] for r in rows.values())
+    table = capsys.readouterr().out
+    assert "plain" in table and "1.00x" in table and "duo50" in table
+    with pytest.raises(SystemExit):
+        first_call.main(["--model", "m", "--profile", "p", "--rows", "plain,turbo"])
