@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-ROWS = ("plain", "duo50", "duo75", "h2o50")
+FIRST_CALL_ROWS = ("plain", "duo50", "duo75", "h2o50")
 
 
 def one_row(model_dir: str, profile: str, row: str, prompt: int, new: int) -> dict:
@@ -44,7 +44,7 @@ def one_row(model_dir: str, profile: str, row: str, prompt: int, new: int) -> di
     return {"generate_s": time.perf_counter() - started}
 
 
-def run_row(args, row: str) -> dict:
+def run_fresh_process(args, row: str) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     with tempfile.TemporaryDirectory(prefix="duocal-first-call-") as cache_dir:
         env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
@@ -60,7 +60,7 @@ def run_row(args, row: str) -> dict:
     return {"row": row, "process_s": total, **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
-def print_table(results: list[dict]) -> None:
+def print_first_call_table(results: list[dict]) -> None:
     plain = next((r for r in results if r["row"] == "plain"), None)
     print(f"{'row':<8} {'process s':>10} {'generate s':>11} {'process/plain':>14} {'generate/plain':>15}")
     for r in results:
@@ -78,20 +78,22 @@ def main(argv=None) -> None:
     ap.add_argument("--profile", required=True, help="a profile file or prebuilt name for the plan rows")
     ap.add_argument("--prompt", type=int, default=1536, help="prompt tokens")
     ap.add_argument("--new", type=int, default=32, help="new tokens")
-    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from {','.join(ROWS)}")
+    ap.add_argument(
+        "--rows", default=",".join(FIRST_CALL_ROWS), help=f"comma-separated, from {','.join(FIRST_CALL_ROWS)}"
+    )
     ap.add_argument("--repeats", type=int, default=1, help="fresh processes per row (the table shows the fastest)")
     ap.add_argument("--out", help="write the rows as JSON here too")
     args = ap.parse_args(argv)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-    unknown = sorted(set(rows) - set(ROWS))
+    unknown = sorted(set(rows) - set(FIRST_CALL_ROWS))
     if unknown:
-        ap.error(f"unknown rows {unknown}; choose from {','.join(ROWS)}")
+        ap.error(f"unknown rows {unknown}; choose from {','.join(FIRST_CALL_ROWS)}")
     results = []
     for row in rows:
-        tries = [run_row(args, row) for _ in range(max(1, args.repeats))]
+        tries = [run_fresh_process(args, row) for _ in range(max(1, args.repeats))]
         results.append(min(tries, key=lambda r: r["process_s"]))
         print(f"done {row}", file=sys.stderr, flush=True)
-    print_table(results)
+    print_first_call_table(results)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
