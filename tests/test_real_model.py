@@ -83,3 +83,21 @@ def test_calibration_on_the_real_model_is_deterministic_for_a_seed(smollm2, tmp_
         gates.append(json.loads(path.read_text())["source"]["gates"])
     assert gates[0] == gates[1]
     assert any(g != 1.0 for row in gates[0] for g in row)  # the gates moved
+
+
+@pytest.mark.slow
+def test_the_readme_quick_start_runs_and_finds_the_pass_key(smollm2, tmp_path):
+    """README's quick-start Python block, pasted as is, with the shipped profile as my-profile.json."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", quick, re.S).group(1)
+    dr.save_profile(smollm2[2], tmp_path / "my-profile.json")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "(57% of full attention)" in done.stdout and "float32" in done.stdout
+    assert "71432" in done.stdout.strip().splitlines()[-1]
