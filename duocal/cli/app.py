@@ -2,7 +2,7 @@
 
 import typer
 
-from . import profiles_remote  # noqa: F401  its decorators add `profiles list | pull | push` to profiles_app
+from . import eval_ruler, profiles_remote  # noqa: F401  their decorators add `eval ruler`, `profiles list | pull | push`
 from .calibrate import CALIBRATE_EPILOG, calibrate_command
 from .eval import eval_app
 from .models import models_app

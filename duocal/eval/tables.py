@@ -168,3 +168,29 @@ def check_plot_path(path: Path) -> None:
     if path.parent.exists() and not path.parent.is_dir():
         raise ValueError(f"--plot {path}: {path.parent} is not a folder")
     check_output(path)
+
+
+def task_label(task: str) -> str:
+    """'niah_single_2_local' -> 'single_2*' (* = a local haystack), 'ruler_vt' -> 'vt'."""
+    short = task.removeprefix("niah_").removeprefix("ruler_")
+    return short.removesuffix("_local") + ("*" if short.endswith("_local") else "")
+
+
+def render_ruler_table(rows, console: Console | None = None, title: str | None = None) -> None:
+    """Row x protocol x context -> lm-eval's score per RULER task, their average and KV of full."""
+    tasks = list(rows[0].scores) if rows else []
+    table = Table(title=title, box=box.SIMPLE_HEAD, caption="* essay tasks on a local haystack (not the PG essays)")
+    for name in ("row", "protocol", "context", "sparsity", *map(task_label, tasks), "average", "of full"):
+        table.add_column(name, justify="left" if name in ("row", "protocol") else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(
+            row.row,
+            row.protocol,
+            str(row.context),
+            f"{row.sparsity:g}",
+            *(f"{row.scores[t]:.2f}" for t in tasks),
+            f"{row.average:.3f}",
+            f"{row.fraction_of_full:.3f}",
+        )
+    wide = Console() if Console().is_terminal else Console(width=max(132, 60 + 11 * len(tasks)))
+    (console or wide).print(table)
