@@ -39,6 +39,8 @@ def compare_profiles(a: dr.Profile, b: dr.Profile, top: int | None = None) -> di
     if a.shape != b.shape:
         raise ValueError(f"the profiles are for different shapes: {a.shape.describe()} and {b.shape.describe()}")
     fa, fb = a.flat_scores(), b.flat_scores()
+    if top is not None and not 1 <= top <= len(fa):
+        raise ValueError(f"--top must be between 1 and the {len(fa)} heads, got {top}")
     top = top or max(1, len(fa) // 4)
     best = lambda f: set(dr.planning.bounded_order(f)[::-1][:top])  # noqa: E731
     return {

@@ -38,6 +38,10 @@ def profile_summary(
 ) -> dict[str, Any]:
     """Everything `profiles show` prints; memory is for batch 1, `dtype`, at `context` tokens. With
     `budget` (and `policies`, default full + the profile's policy), the plan is the budget's mix."""
+    if budget is not None and sparsity is not None:
+        raise ValueError("give --sparsity or --budget, not both")
+    if context < 1:
+        raise ValueError(f"--context must be a positive number of tokens, got {context}")
     if budget is not None:
         plan = dr.plan(
             profile, budget=budget, context=context, policies=policies or ("full", profile.deploy.policy), dtype=dtype

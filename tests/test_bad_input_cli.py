@@ -126,6 +126,42 @@ def cases(tmp_path: Path) -> dict[str, list[str]]:
         "resume nothing": ["calibrate", "--output", str(tmp_path / "empty-run"), "--resume", "--dry-run"],
         "models unknown": ["models", "fetch", "llama-9000"],
         "pull without a host": ["profiles", "pull", "http://"],
+        # classes of round 2: empty, out-of-range and conflicting options refused as the API refuses them
+        "passkey contexts empty": ["eval", "passkey", "--contexts", "", "--no-plot"],
+        "passkey samples 0": ["eval", "passkey", "--samples", "0", "--no-plot"],
+        "passkey batch 0": ["eval", "passkey", "--batch-size", "0", "--no-plot"],
+        "passkey recent negative": ["eval", "passkey", "--recent", "-5", "--no-plot"],
+        "passkey protocol unknown": ["eval", "passkey", "--protocol", "later", "--no-plot"],
+        "passkey plot and no plot": ["eval", "passkey", "--plot", str(tmp_path / "x.png"), "--no-plot"],
+        "passkey beyond positions": ["eval", "passkey", "--contexts", "100000", "--no-plot"],
+        "ppl beyond positions": ["eval", "ppl", "--context", "100000"],
+        "ppl scored = context": ["eval", "ppl", "--context", "512", "--scored", "512"],
+        "ppl sparsity negative": ["eval", "ppl", "--sparsity", "-0.1"],
+        "show context 0": ["profiles", "show", good, "--context", "0"],
+        "show sparsity and budget": ["profiles", "show", good, "--sparsity", "0.5", "--budget", "1MiB"],
+        "show dtype unknown": ["profiles", "show", good, "--dtype", "float7"],
+        "show policies without budget": ["profiles", "show", good, "--policies", "full,h2o"],
+        "compare top 0": ["profiles", "compare", good, good, "--top", "0"],
+        "serve port negative": ["serve", "--port", "-1"],
+        "serve port too big": ["serve", "--port", "70000"],
+        "serve sparsity and budget": ["serve", "--sparsity", "0.5", "--budget", "1MiB"],
+        "serve pool twice": ["serve", "--kv-memory", "1GiB", "--num-blocks", "10"],
+        "profile samples 0": ["profile", "--samples", "0", "--output", str(tmp_path / "p1.json")],
+        "profile method unknown": ["profile", "--method", "magic", "--output", str(tmp_path / "p2.json")],
+        "ruler qa task": ["eval", "ruler", "--tasks", "ruler_qa_squad"],
+        "ruler samples 0": ["eval", "ruler", "--samples", "0"],
+        # file errors name the file and what is wrong
+        "haystack broken jsonl": [
+            "eval",
+            "passkey",
+            "--haystack",
+            write(tmp_path / "bad.jsonl", '{"text": "a"}\n{x\n'),
+        ],
+        "haystack binary": ["eval", "passkey", "--haystack", binary(tmp_path / "bin.txt"), "--no-plot"],
+        "ppl text binary": ["eval", "ppl", "--text", binary(tmp_path / "bin2.txt")],
+        "profile text binary": ["profile", "--data", "text", "--text", binary(tmp_path / "bin3.txt"), "-o", "p.json"],
+        "ruler haystack missing": ["eval", "ruler", "--haystack", str(tmp_path / "none.txt")],
+        "model folder with only a config": ["eval", "ppl", "--model", only_config(tmp_path / "cfg-only")],
         "import onto a folder": [
             "profiles",
             "import-upstream",
@@ -134,6 +170,27 @@ def cases(tmp_path: Path) -> dict[str, list[str]]:
             str(tmp_path / "upstream2"),
         ],
     }
+
+
+WORDS = {
+    "haystack broken jsonl": "line 2",
+    "haystack binary": "bin.txt is not UTF-8 text",
+    "model folder with only a config": "cfg-only",
+    "ppl beyond positions": "max_position_embeddings (4096)",
+    "serve port too big": "0-65535",
+    "show sparsity and budget": "not both",
+}
+
+
+def binary(path: Path) -> str:
+    path.write_bytes(bytes(range(256)) * 8)
+    return str(path)
+
+
+def only_config(folder: Path) -> str:
+    folder.mkdir()
+    (folder / "config.json").write_text((REPO / "duocal" / "assets" / "demo-model" / "config.json").read_text())
+    return str(folder)
 
 
 def snapshot(folder: Path) -> dict[str, float]:
@@ -161,7 +218,10 @@ def test_every_bad_input_is_one_error_line_and_changes_nothing(tmp_path, monkeyp
             failures.append(f"{name}: exit {result.exit_code}, {result.output[-300:]!r}, {result.exception!r}")
     assert not failures, "\n".join(failures)
     assert snapshot(tmp_path) == before, "a failed command wrote or changed files"
-    assert len(all_cases) >= 42
+    for name, expected in WORDS.items():  # the words say what is wrong
+        result = runner.invoke(app, all_cases[name])
+        assert expected in result.output, (name, result.output)
+    assert len(all_cases) >= 71
 
 
 @pytest.mark.parametrize(
@@ -216,3 +276,12 @@ def test_a_model_on_a_hub_that_cannot_be_reached_is_one_line_in_bounded_time(tmp
     assert time.perf_counter() - started < 15
     assert result.exit_code == 1 and result.stderr.count("\n") == 1
     assert result.stderr.startswith("error: could not reach http://127.0.0.1:9")
+
+
+@pytest.mark.parametrize("args", [["models", "fetch", "smollm2-135m-instruct"], ["profiles", "pull", "demo-model"]])
+def test_a_cache_folder_that_is_a_file_is_named_as_such(tmp_path, monkeypatch, args):
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("DUOCAL_CACHE_DIR", str(tmp_path / "cache"))
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "is a file, not a folder" in result.output
+    assert (tmp_path / "cache").read_text() == "not a folder"

@@ -37,6 +37,15 @@ def prepare(
     recipe_arg: str | None, overrides: list[str], output: str | Path, nproc: int = 1, resume: bool = False
 ) -> Recipe:
     """Resolve and validate the recipe, check `output`, write `output/config.yaml`. No training yet."""
+    recipe = checked_recipe(recipe_arg, overrides, output, nproc, resume)
+    save_resolved(recipe, Path(output) / CONFIG, extra={"nproc": nproc})
+    return recipe
+
+
+def checked_recipe(
+    recipe_arg: str | None, overrides: list[str], output: str | Path, nproc: int = 1, resume: bool = False
+) -> Recipe:
+    """The resolved recipe, every check done (recipe, `output`'s run, --resume, --nproc); writes nothing."""
     output = Path(output)
     saved = output / CONFIG
     if nproc < 1:
@@ -65,7 +74,6 @@ def prepare(
                 f"{output} already holds a calibration run; pass --resume to continue it, or choose another --output"
             )
     check_recipe(recipe, nproc)
-    save_resolved(recipe, saved, extra={"nproc": nproc})
     return recipe
 
 

@@ -101,6 +101,8 @@ def passkey(
     from duocal.eval.tables import check_plot_path, plot_rows, render_table
 
     with user_errors(), json_only_stdout(as_json):
+        if plot is not None and no_plot:
+            raise ValueError("give --plot PATH or --no-plot, not both")
         if plot is None and not as_json:
             plot = Path("passkey-eval.png")
         if plot is not None and not no_plot:
@@ -177,7 +179,7 @@ def ppl(
 
     Example: duocal eval ppl --model smollm2-135m-instruct --context 4096 --sparsity 0.5,0.75
     """
-    from duocal.eval.perplexity import PerplexityConfig, evaluate_perplexity
+    from duocal.eval.perplexity import PerplexityConfig, check_positions, evaluate_perplexity
     from duocal.eval.tables import render_ppl_table
     from duocal_runtime.regular_files import read_text
 
@@ -196,6 +198,7 @@ def ppl(
         )
         source = text or Path(str(resources.files("duocal") / "assets" / "texts" / DEFAULT_TEXT))
         content = read_text(source, "--text")
+        check_positions(config, ref.load_config())
         lm, tokenizer = ref.load_model(), ref.load_tokenizer()
         with eval_progress("ppl") as progress:
             results = evaluate_perplexity(lm, tokenizer, content, config, profile=loaded, progress=progress)

@@ -29,6 +29,7 @@ from duocal.eval.row_kinds import (
     check_rows,
     default_rows,
     head_policy,
+    model_positions,
     require_profile,
     row_window,
 )
@@ -123,8 +124,7 @@ def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile
     """Raise `ValueError` if the options do not fit this model (and, given its tokenizer, if the
     passkeys do not fit every context): cheap, so it can run before the weights are loaded."""
     check_model_supported(model_config)
-    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    limit = getattr(text_config, "max_position_embeddings", None)
+    limit = model_positions(model_config)
     too_long = [c for c in config.contexts if limit is not None and c > limit]
     if too_long:
         raise ValueError(

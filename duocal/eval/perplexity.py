@@ -26,6 +26,7 @@ from duocal.eval.row_kinds import (
     build_rows,
     check_rows,
     default_rows,
+    model_positions,
     require_profile,
     row_window,
 )
@@ -79,6 +80,16 @@ class PerplexityRow:
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
         return {**data, "policy": self.row, **self.extra}  # "policy": the row's old key, kept for one release
+
+
+def check_positions(config: PerplexityConfig, model_config) -> None:
+    """A window beyond the model's positions is refused before the weights load."""
+    limit = model_positions(model_config)
+    if limit is not None and config.context > limit:
+        raise ValueError(
+            f"context {config.context} is beyond the model's max_position_embeddings ({limit}); use --context {limit} "
+            "or less"
+        )
 
 
 def text_windows(tokenizer, text: str, context: int, windows: int) -> list[torch.Tensor]:

@@ -206,6 +206,12 @@ def require_profile(rows: Sequence[str], profile: dr.Profile | None, model_confi
         profile.check_compatible(model_config)
 
 
+def model_positions(model_config: Any) -> int | None:
+    """The positions the model was trained for (`max_position_embeddings` of its text config), if it says."""
+    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    return getattr(text_config, "max_position_embeddings", None)
+
+
 def row_window(profile: dr.Profile | None, sink: int | None, recent: int | None) -> dr.SinkWindow:
     """The sink window of bounded heads: given sizes, else the profile's, else 64 / 256."""
     d = profile.deploy.window if profile is not None else DEFAULT_WINDOW

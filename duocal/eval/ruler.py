@@ -31,6 +31,7 @@ from duocal.eval.row_kinds import (
     build_rows,
     check_rows,
     head_policy,
+    model_positions,
     require_profile,
     row_window,
 )
@@ -119,6 +120,9 @@ def lm_eval_model(model, tokenizer, max_length: int, progress=None):
         asking_after: dr.Runtime | None = None
         seen_before_question: list[tuple[int, int]] = []
 
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            return super().generate_until(requests, disable_tqdm=True)  # duocal's bar counts generations
+
         def _model_generate(self, context, max_length, stop, **generation_kwargs):
             if progress is not None:
                 progress()
@@ -162,7 +166,7 @@ def scores_at(results: dict[str, Any], context: int) -> dict[str, float]:
 
 
 def check_contexts(config: RulerConfig, model_config) -> None:
-    positions = getattr(model_config, "max_position_embeddings", None)
+    positions = model_positions(model_config)
     too_long = [c for c in config.contexts if positions and c + MAX_NEW_TOKENS > positions]
     if too_long:
         raise ValueError(
@@ -202,7 +206,7 @@ def haystack_of(config: RulerConfig) -> Path:
 
 
 def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) -> list[RulerRow]:
-    shape, dtype = dr.shape_of_config(model.config), next(model.parameters()).dtype
+    shape = dr.shape_of_config(model.config)
     protocols = protocols_of(config.protocol)
     planned = {
         c: build_rows(
@@ -210,8 +214,7 @@ def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) ->
         )
         for c in config.contexts
     }
-    per_run = len(tasks) * config.samples
-    total = per_run * len(protocols) * sum(len(r.plans) for rows in planned.values() for r in rows)
+    total = len(tasks) * config.samples * len(protocols) * sum(len(r.plans) for rs in planned.values() for r in rs)
     done, label = 0, ""
 
     def tick():
@@ -227,18 +230,24 @@ def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) ->
         for row in rows:
             for protocol in protocols:
                 label = f"{row.label}, {protocol}, {context} tokens"
-                started, per_plan, seen = time.perf_counter(), [], []
-                for plan in row.plans:
-                    with dr.apply(model, plan) as runtime:
-                        per_plan.append(scores_at(run_lm_eval(lm, tasks, samples, runtime, protocol), context))
-                        seen += lm.seen_before_question
-                out.append(ruler_row(row, per_plan, context, protocol, config, dtype, time.perf_counter() - started))
-                if seen:  # query-agnostic: what each context's cache had seen when its question came
-                    out[-1].extra["seen_before_question"] = [list(pair) for pair in seen]
+                out.append(one_row(lm, model, row, tasks, samples, context, protocol, config))
                 if hasattr(progress, "row"):
-                    r = out[-1]
-                    progress.row(f"{label}: average {r.average:.3f}, KV {r.fraction_of_full:.0%} of full")
+                    progress.row(f"{label}: average {out[-1].average:.3f}, KV {out[-1].fraction_of_full:.0%} of full")
     return out
+
+
+def one_row(lm, model, row, tasks, samples, context: int, protocol: str, config: RulerConfig) -> RulerRow:
+    """One row's plans (several for random) in one protocol at one context, on the chosen documents."""
+    started, per_plan, seen = time.perf_counter(), [], []
+    for plan in row.plans:
+        with dr.apply(model, plan) as runtime:
+            per_plan.append(scores_at(run_lm_eval(lm, tasks, samples, runtime, protocol), context))
+            seen += lm.seen_before_question
+    dtype = next(model.parameters()).dtype
+    result = ruler_row(row, per_plan, context, protocol, config, dtype, time.perf_counter() - started)
+    if seen:  # query-agnostic: what each context's cache had seen when its question came
+        result.extra["seen_before_question"] = [list(pair) for pair in seen]
+    return result
 
 
 def ruler_row(row, per_plan: list[dict[str, float]], context, protocol, config, dtype, seconds) -> RulerRow:

@@ -11,6 +11,8 @@ MAX_DEFAULT_BATCH_TOKENS = 8192
 
 def listening_socket(host: str, port: int) -> socket.socket:
     """Bound before any work (a port in use is an error at once); port 0 takes a free one."""
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"--port must be 0-65535 (0: a free port), got {port}")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -43,6 +45,7 @@ def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_
 
 def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_batch_tokens, page_size):
     """Load, plan, apply and build the app; (ServedModel, pool summary). Every check comes before the pool."""
+    import torch
     from transformers import ContinuousBatchingConfig
 
     import duocal_runtime as dr
@@ -62,9 +65,15 @@ def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_
     loaded, config = dr.load_profile(chosen), ref.load_config()
     loaded.check_compatible(config)
     context = getattr(config, "max_position_embeddings", 4096)
+
+    def plan_and_pool(dtype):
+        plan = dr.plan(loaded, sparsity=sparsity, budget=budget, context=context if budget else None, dtype=dtype)
+        return plan, kv_blocks(kv_memory, num_blocks, plan.shape, dtype, page_size)
+
+    saved = getattr(config, "dtype", None) or torch.float32
+    plan_and_pool(getattr(torch, saved) if isinstance(saved, str) else saved)  # options checked before the weights load
     lm = ref.load_model()
-    plan = dr.plan(loaded, sparsity=sparsity, budget=budget, context=context if budget else None, dtype=lm.dtype)
-    blocks = kv_blocks(kv_memory, num_blocks, plan.shape, lm.dtype, page_size)
+    plan, blocks = plan_and_pool(lm.dtype)
     runtime = dr.apply(lm, plan)
     cb_config = ContinuousBatchingConfig(
         page_size=page_size,

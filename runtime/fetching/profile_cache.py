@@ -22,7 +22,15 @@ CACHE_ENV = "DUOCAL_CACHE_DIR"
 
 
 def default_cache_dir() -> Path:
-    """DUOCAL_CACHE_DIR, else the platform's per-user cache folder + `duocal`."""
+    """DUOCAL_CACHE_DIR, else the platform's per-user cache folder + `duocal` (refused when it is a file)."""
+    root = _platform_cache_dir()
+    if root.exists() and not root.is_dir():
+        where = f"{CACHE_ENV}={os.environ[CACHE_ENV]}" if os.environ.get(CACHE_ENV) else "duocal's cache folder"
+        raise ValueError(f"{where}: {root} is a file, not a folder; point {CACHE_ENV} at a folder")
+    return root
+
+
+def _platform_cache_dir() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
     if sys.platform == "win32":
