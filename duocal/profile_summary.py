@@ -35,19 +35,26 @@ def profile_summary(
     budget: str | None = None,
     policies: tuple[str, ...] | None = None,
     dtype: str = "bfloat16",
+    kv_bits: int = 16,
 ) -> dict[str, Any]:
-    """Everything `profiles show` prints; memory is for batch 1, `dtype`, at `context` tokens. With
-    `budget` (and `policies`, default full + the profile's policy), the plan is the budget's mix."""
+    """Everything `profiles show` prints; memory is for batch 1, `dtype`, at `context` tokens, full
+    heads storing `kv_bits`. With `budget` (and `policies`, default full + the profile's policy),
+    the plan is the budget's mix."""
     if budget is not None and sparsity is not None:
         raise ValueError("give --sparsity or --budget, not both")
     if context < 1:
         raise ValueError(f"--context must be a positive number of tokens, got {context}")
     if budget is not None:
         plan = dr.plan(
-            profile, budget=budget, context=context, policies=policies or ("full", profile.deploy.policy), dtype=dtype
+            profile,
+            budget=budget,
+            context=context,
+            policies=policies or ("full", profile.deploy.policy),
+            dtype=dtype,
+            kv_bits=kv_bits,
         )
     else:
-        plan = dr.plan(profile, sparsity=sparsity)
+        plan = dr.plan(profile, sparsity=sparsity, kv_bits=kv_bits)
     memory = plan.memory_report(context, batch=1, dtype=dtype)
     from duocal_runtime.head_order import decided_by_ties, tie_losses
 
@@ -72,6 +79,7 @@ def profile_summary(
         "score_histogram": score_histogram(profile.flat_scores()),
         "context": context,
         "dtype": memory["dtype"],
+        "kv_bits": kv_bits,
         "kv_bytes_full": memory["kv_bytes_full"],
         "kv_bytes_plan": memory["kv_bytes_plan"],
         "fraction_of_full": memory["fraction_of_full"],
@@ -111,6 +119,8 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
             f"{s['tie_decided_heads']} bounded heads were chosen among tied scores, by {s['ties_broken_by']}{hint}"
         )
     console.print(
-        f"KV cache at {s['context']} tokens (batch 1, {s['dtype']}): {human_bytes(s['kv_bytes_plan'])} vs "
+        f"KV cache at {s['context']} tokens (batch 1, {s['dtype']}"
+        + (f", full heads in {s['kv_bits']}-bit codes" if s.get("kv_bits", 16) != 16 else "")
+        + f"): {human_bytes(s['kv_bytes_plan'])} vs "
         f"{human_bytes(s['kv_bytes_full'])} full ({s['fraction_of_full']:.1%})"
     )

@@ -26,6 +26,7 @@ _EXPORTS = {  # public name -> the module that defines it
     ".hf_compat": ("SUPPORTED_MODEL_TYPES",),
     ".model_shape": ("ModelShape", "config_fingerprint", "shape_of_config"),
     ".budget": ("Budget",),
+    ".quantized_plans": ("with_kv_bits",),
     ".planning": ("Plan", "plan", "plan_from_bounded_set", "plan_from_streaming_set", "uniform_plan"),
     ".policies": (
         "H2O",

@@ -66,3 +66,29 @@ class Budget:
 
     def measure(self, plan, context: int, batch: int, dtype: Any) -> int:
         return plan.kv_bytes(context, batch, dtype) if self.unit == "bytes" else plan.kv_tokens(context, batch)
+
+
+def max_context(plan, memory: Any, batch: int = 1, dtype: Any = "bfloat16") -> int:
+    """The most tokens per sequence whose KV cache (plan.kv_bytes) fits `memory` for `batch` sequences;
+    0 when not even one token fits. KV bytes never shrink as the context grows: a binary search."""
+    budget = Budget.parse(memory)
+    if budget.unit != "bytes":
+        raise PlanError(f"memory must be bytes ('80GB', '24GiB'), got {memory!r}")
+    if plan.kv_bytes(1, batch, dtype) > budget.amount:
+        return 0
+    lo, hi = 1, 2
+    while plan.kv_bytes(hi, batch, dtype) <= budget.amount:
+        lo, hi = hi, hi * 2
+        if hi > 1 << 50:
+            raise PlanError("every context fits this memory: the plan holds a bounded cache on every head")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if plan.kv_bytes(mid, batch, dtype) <= budget.amount else (lo, mid)
+    return lo
+
+
+def budget_dtype_of(budget, dtype) -> str | None:
+    """The dtype a budget in bytes was planned in (None for token budgets and no budget)."""
+    if budget is None or Budget.parse(budget).unit != "bytes":
+        return None
+    return str(dtype).removeprefix("torch.")

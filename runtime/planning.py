@@ -18,13 +18,14 @@ heads — the result is identical to upstream's.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from . import plan_summary
 from .arguments import require_count, require_instance, require_number
-from .budget import Budget, dtype_bytes
+from .budget import Budget, budget_dtype_of, dtype_bytes, max_context
 from .errors import PlanError
 from .head_order import bounded_order, tie_losses
 from .mixed_planning import mixed_choice
@@ -67,6 +68,9 @@ class Plan:
         if got != want or any(len(row) != want[1] for row in table):
             raise PlanError(f"plan table is {got[0]}x{got[1]}, model has {want[0]} layers x {want[1]} KV heads")
         object.__setattr__(self, "policies", table)
+        for policy in {p for row in table for p in row}:
+            if hasattr(policy, "check_head_dim"):
+                policy.check_head_dim(self.shape.head_dim)
 
     # --- what it does -------------------------------------------------------------------
     @property
@@ -108,7 +112,14 @@ class Plan:
 
     def kv_bytes(self, context: int, batch: int = 1, dtype: Any = "bfloat16") -> int:
         """Bytes of keys and values at `context` tokens (both K and V, every layer)."""
-        return self.kv_tokens(context, batch) * 2 * self.shape.head_dim * dtype_bytes(dtype)
+        require_count("context", context, 0)
+        require_count("batch", batch, 1)
+        per_element, d = dtype_bytes(dtype), self.shape.head_dim
+        return batch * sum(p.kv_bytes(context, d, per_element) for row in self.policies for p in row)
+
+    def max_context(self, memory: Any, batch: int = 1, dtype: Any = "bfloat16") -> int:
+        """The most tokens per sequence whose KV cache fits `memory` ('80GB', bytes) for `batch` sequences."""
+        return max_context(self, memory, batch, dtype)
 
     def memory_report(self, context: int, batch: int = 1, dtype: Any = "bfloat16") -> dict[str, Any]:
         full = uniform_plan(self.shape, Full())
@@ -165,25 +176,25 @@ def uniform_plan(shape: ModelShape, policy: HeadPolicy, model_name: str | None =
 
 
 def plan_from_bounded_set(
-    shape: ModelShape, bounded: set[int], policy: HeadPolicy, model_name: str | None = None
+    shape: ModelShape, bounded: set[int], policy: HeadPolicy, model_name: str | None = None, full: Full = Full()
 ) -> Plan:
-    """Heads in `bounded` (flat indices) get `policy`, the others stay full."""
+    """Heads in `bounded` (flat indices) get `policy`, the others `full` (default: 16-bit)."""
     k = shape.num_key_value_heads
     table = [
-        [policy if layer * k + head in bounded else Full() for head in range(k)]
+        [policy if layer * k + head in bounded else full for head in range(k)]
         for layer in range(shape.num_hidden_layers)
     ]
     return Plan(shape, table, model_name)
 
 
-def _bounded_for_budget(profile: Profile, policy: HeadPolicy, budget: Budget, context, batch, dtype) -> set[int]:
+def _bounded_for_budget(profile: Profile, policy: HeadPolicy, budget: Budget, context, batch, dtype, full) -> set[int]:
     if context is None or context <= 0:
         raise PlanError("a budget needs the context length it applies to: pass context=N (tokens)")
     order = bounded_order(profile.flat_scores(), tie_losses(profile, policy))
     shape, name = profile.shape, profile.model.name_or_path
 
     def cost(k: int) -> int:
-        return budget.measure(plan_from_bounded_set(shape, set(order[:k]), policy, name), context, batch, dtype)
+        return budget.measure(plan_from_bounded_set(shape, set(order[:k]), policy, name, full), context, batch, dtype)
 
     if cost(len(order)) > budget.amount:
         raise PlanError(
@@ -212,6 +223,8 @@ def plan(
     heavy: int | None = None,
     batch: int = 1,
     dtype: Any = "bfloat16",
+    kv_bits: int = 16,
+    kv_group: int | None = None,
 ) -> Plan:
     """Turn a profile into a per-head plan.
 
@@ -222,9 +235,12 @@ def plan(
     profile's) with the given sizes (defaults: the profile's deploy sizes).
 
     With `policies` (e.g. ("full", "sink_window", "h2o")) and a `budget`, every head gets the one
-    of those policies that loses least for its bytes (mixing.py): measured kept attention where
-    the profile has it, else the gate order. `plan.choice` says what was chosen.
-    """
+    of those policies that loses least for its bytes (mixed_planning.py): measured kept attention
+    where the profile has it, else the gate order. `plan.choice` says what was chosen.
+
+    `kv_bits` (16, 8 or 4): how full heads store keys and values, KIVI codes below 16 with a scale
+    and zero point per `kv_group` tokens (keys) or channels (values; default gcd(32, head_dim));
+    budgets count their bytes (codes, scales, zero points, the 128-token full-precision residual)."""
     require_instance("profile", profile, Profile, "a Profile (load one with dr.load_profile(path_or_name))")
     for name, value, lo, hi in (("sparsity", sparsity, 0, 1), ("threshold", threshold, None, None)):
         if value is not None:
@@ -237,7 +253,7 @@ def plan(
     ]
     if len(chosen) > 1:
         raise PlanError(f"give one of sparsity, threshold or budget, not {' and '.join(chosen)}")
-    d = profile.deploy
+    d, full = profile.deploy, Full.storing(kv_bits, kv_group or math.gcd(32, profile.shape.head_dim))
     if isinstance(policies, str):
         raise TypeError(f"policies must be a list of policy names, e.g. ('full', 'h2o'), got the string {policies!r}")
     if policies is not None:
@@ -246,6 +262,7 @@ def plan(
                 "policies=... chooses a policy per head under a budget: pass budget= and context=, and not policy="
             )
         sized = [d.sized(name, sink=sink, recent=recent, heavy=heavy) for name in policies]
+        sized = [full if p == Full() else p for p in sized]
         return _mixed_plan(profile, sized, Budget.parse(budget), context, batch, dtype)
     bounded_policy = d.sized(policy or d.policy, sink=sink, recent=recent, heavy=heavy)
     if not bounded_policy.bounded:
@@ -254,19 +271,12 @@ def plan(
     if threshold is not None:
         bounded = bounded_heads_for_threshold(flat, threshold)
     elif budget is not None:
-        bounded = _bounded_for_budget(profile, bounded_policy, Budget.parse(budget), context, batch, dtype)
+        bounded = _bounded_for_budget(profile, bounded_policy, Budget.parse(budget), context, batch, dtype, full)
     else:
         chosen = d.sparsity if sparsity is None else sparsity
         bounded = bounded_heads_for_sparsity(flat, chosen, tie_losses(profile, bounded_policy))
-    made = plan_from_bounded_set(profile.shape, bounded, bounded_policy, profile.model.name_or_path)
+    made = plan_from_bounded_set(profile.shape, bounded, bounded_policy, profile.model.name_or_path, full)
     return replace(made, budget_dtype=budget_dtype_of(budget, dtype))
-
-
-def budget_dtype_of(budget, dtype) -> str | None:
-    """The dtype a budget in bytes was planned in (None for token budgets and no budget)."""
-    if budget is None or Budget.parse(budget).unit != "bytes":
-        return None
-    return str(dtype).removeprefix("torch.")
 
 
 def _mixed_plan(profile: Profile, policies: list[HeadPolicy], budget: Budget, context, batch, dtype) -> Plan:
@@ -274,8 +284,10 @@ def _mixed_plan(profile: Profile, policies: list[HeadPolicy], budget: Budget, co
         raise PlanError("a budget needs the context length it applies to: pass context=N (tokens)")
     if not policies or len({p.name for p in policies}) != len(policies):
         raise PlanError(f"policies must name distinct policies, got {[p.name for p in policies]}")
-    per_token = 2 * profile.shape.head_dim * dtype_bytes(dtype) if budget.unit == "bytes" else 1
-    costs = [batch * p.tokens_kept(context) * per_token for p in policies]  # one KV head, in the budget's unit
+    d, size = profile.shape.head_dim, dtype_bytes(dtype)
+    costs = [  # one KV head, in the budget's unit
+        batch * (p.kv_bytes(context, d, size) if budget.unit == "bytes" else p.tokens_kept(context)) for p in policies
+    ]
     mix = mixed_choice(profile, policies, costs, budget.amount)
     k = profile.shape.num_key_value_heads
     table = [

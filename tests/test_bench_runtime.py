@@ -41,6 +41,20 @@ def test_benchmark_rows_on_the_tiny_shape():
     assert static["kv_bytes"] == pytest.approx(static["kv_bytes_min"], rel=0.02)
 
 
+def test_quantized_rows_hold_their_analytic_bytes_and_name_their_plan():
+    rows = "dynamic,full,full-kv8,full-kv4,stream50-kv4"
+    args = parse_args(["--shape", "tiny", "--contexts", "4500", "--rows", rows, "--max-prefill", "0"])
+    args.steps, args.warmup = 14, 1  # 4352 tokens coded after the fill; the 12th step codes 32 more (the buffers grow)
+    results = rows_in_process(args)
+    add_ratios(results, None)
+    by_row = {r["row"]: r for r in results}
+    for row in ("full-kv8", "full-kv4", "stream50-kv4"):  # growth slack: 1/64 rounded to whole groups
+        assert by_row[row]["kv_bytes"] == pytest.approx(by_row[row]["kv_bytes_min"], rel=0.02)
+    assert by_row["full-kv4"]["kv_vs_dynamic"] < by_row["full-kv8"]["kv_vs_dynamic"] < 0.6
+    assert by_row["stream50-kv4"]["kv_bytes"] < by_row["full-kv4"]["kv_bytes"]
+    assert R.kv_bits_of("stream50-kv4") == ("stream50", 4) and R.kv_bits_of("full") == ("full", 16)
+
+
 def test_unknown_rows_and_shapes_are_refused(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--rows", "dynamic,fast"])

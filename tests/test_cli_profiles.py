@@ -25,6 +25,20 @@ def test_show_json_contract(tmp_path):
     assert data["kv_bytes_plan"] == plan.kv_bytes(1000, 1, "bfloat16")
 
 
+def test_show_counts_quantized_full_heads_and_refuses_other_widths(tmp_path):
+    profile = random_profile(layers=4, kv_heads=2, heads=4, head_dim=8)
+    path = dr.save_profile(profile, tmp_path / "p.json")
+    show = ["profiles", "show", str(path), "--sparsity", "0.5", "--context", "1000", "--json", "--kv-bits"]
+    data = json.loads(runner.invoke(app, [*show, "4"]).stdout)
+    assert data["kv_bits"] == 4
+    assert data["kv_bytes_plan"] == dr.plan(profile, sparsity=0.5, kv_bits=4).kv_bytes(1000, 1, "bfloat16")
+    assert data["kv_bytes_plan"] < dr.plan(profile, sparsity=0.5).kv_bytes(1000, 1, "bfloat16")
+    table = runner.invoke(app, ["profiles", "show", str(path), "--kv-bits", "8"])
+    assert "full heads in 8-bit codes" in table.stdout
+    refused = runner.invoke(app, [*show, "3"])
+    assert refused.exit_code == 1 and "kv_bits must be one of 16, 8, 4, got 3" in refused.output
+
+
 def test_show_table_default_context(tmp_path):
     path = dr.save_profile(random_profile(), tmp_path / "p.json")
     result = runner.invoke(app, ["profiles", "show", str(path)])

@@ -56,6 +56,23 @@ def test_evicting_policies_change_the_loss_and_rows_carry_their_bytes(demo):
     assert rows["h2o"].kv_bytes <= rows["duo"].kv_bytes and len(rows["random"].per_seed) == 2
 
 
+def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo):
+    model, tokenizer = demo
+    profile = dr.load_profile(str(DEMO_MODEL_DIR.parents[2] / "profiles" / "demo-model.json"))
+    config = PerplexityConfig(
+        rows=("full", "duo", "streaming"), sparsities=(0.5,), context=400, chunk=50, windows=1, kv_bits=(16, 8, 4)
+    )
+    rows = {(r.row, r.kv_bits): r for r in evaluate_perplexity(model, tokenizer, TEXT, config, profile=profile)}
+    assert set(rows) == {(row, bits) for row in ("full", "duo") for bits in (16, 8, 4)} | {("streaming", 16)}
+    for row in ("full", "duo"):
+        assert rows[row, 4].kv_bytes < rows[row, 8].kv_bytes < rows[row, 16].kv_bytes
+        assert rows[row, 8].ppl == pytest.approx(rows[row, 16].ppl, rel=0.02)  # 8 bits: hardly a change
+        assert rows[row, 8].ppl != rows[row, 16].ppl  # ... but a real one: tokens beyond the residual are coded
+    shape = dr.shape_of_config(model.config)
+    want = dr.uniform_plan(shape, dr.Full(kv_bits=4, group=math.gcd(32, shape.head_dim))).kv_bytes(400, 1, model.dtype)
+    assert rows["full", 4].kv_bytes == want
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
@@ -63,6 +80,8 @@ def test_evicting_policies_change_the_loss_and_rows_carry_their_bytes(demo):
         (dict(rows=("full", "fast")), "unknown row 'fast'"),
         (dict(chunk=0), "chunk must be at least 1"),
         (dict(sparsities=(1.5,)), "sparsity must be in"),
+        (dict(kv_bits=(16, 3)), "kv bits must be distinct values of 16, 8 and 4, got 16, 3"),
+        (dict(kv_bits=(8, 8)), "kv bits must be distinct"),
     ],
 )
 def test_bad_settings_are_refused(kwargs, message):

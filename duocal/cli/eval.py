@@ -11,6 +11,7 @@ import typer
 
 from .options import (
     JsonOpt,
+    KvBitsOpt,
     ModelOpt,
     PoliciesOpt,
     ProfileOpt,
@@ -74,6 +75,7 @@ def passkey(
             "question asked after it on a copy of the cache), or both."
         ),
     ] = "query-aware",
+    kv_bits: KvBitsOpt = "16",
     as_json: JsonOpt = False,
     plot: Annotated[
         Optional[Path],
@@ -121,6 +123,7 @@ def passkey(
             format=passkey_format or ref.passkey_format,
             haystack=haystack,
             protocol=protocol,
+            kv_bits=tuple(split(kv_bits, int, "kv-bits")),
             **({} if passkeys is None else {"num_passkeys": passkeys}),
         )
         tokenizer = ref.load_tokenizer()
@@ -170,6 +173,7 @@ def ppl(
     sink: SinkOpt = None,
     recent: RecentOpt = None,
     random_seeds: RandomSeedsOpt = 3,
+    kv_bits: KvBitsOpt = "16",
     as_json: JsonOpt = False,
 ):
     """Perplexity of a long natural text under each row's plan, run through the per-head cache.
@@ -179,7 +183,7 @@ def ppl(
 
     Example: duocal eval ppl --model smollm2-135m-instruct --context 4096 --sparsity 0.5,0.75
     """
-    from duocal.eval.perplexity import PerplexityConfig, check_positions, evaluate_perplexity
+    from duocal.eval.perplexity import PerplexityConfig, check_window_fits, evaluate_perplexity
     from duocal.eval.tables import render_ppl_table
     from duocal_runtime.regular_files import read_text
 
@@ -195,10 +199,11 @@ def ppl(
             sink=sink,
             recent=recent,
             random_seeds=random_seeds,
+            kv_bits=tuple(split(kv_bits, int, "kv-bits")),
         )
         source = text or Path(str(resources.files("duocal") / "assets" / "texts" / DEFAULT_TEXT))
         content = read_text(source, "--text")
-        check_positions(config, ref.load_config())
+        check_window_fits(config, ref.load_config())
         lm, tokenizer = ref.load_model(), ref.load_tokenizer()
         with eval_progress("ppl") as progress:
             results = evaluate_perplexity(lm, tokenizer, content, config, profile=loaded, progress=progress)

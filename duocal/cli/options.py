@@ -37,11 +37,15 @@ RowsOpt = Annotated[
 PoliciesOpt = Annotated[Optional[str], typer.Option(hidden=True, help="Old name of --rows (deprecated).")]
 SinkOpt = Annotated[Optional[int], typer.Option(help="Sink tokens of sink-window heads (default: the profile's).")]
 RecentOpt = Annotated[Optional[int], typer.Option(help="Recent tokens of sink-window heads (default: the profile's).")]
+KvBitsOpt = Annotated[
+    str,
+    typer.Option(help="Bits full heads store keys and values in, one row each: 16, 8, 4 (KIVI codes below 16)."),
+]
 RandomSeedsOpt = Annotated[int, typer.Option(help="Head draws for 'random' (mean, min, max).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")]
 OutputFileOpt = Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write.")]
 
-EXAMPLES = {"sparsity": "0.25,0.5", "contexts": "512,1024", "rows": "full,h2o"}
+EXAMPLES = {"sparsity": "0.25,0.5", "contexts": "512,1024", "rows": "full,h2o", "kv-bits": "16,4"}
 
 
 def split(text: str, cast, what: str) -> list:

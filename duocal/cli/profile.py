@@ -67,7 +67,7 @@ def profile_command(
     import duocal_runtime as dr
     from duocal.models import ModelRef
     from duocal.profiling import ProfilerConfig, profile_model, with_measurements
-    from duocal.profiling.profiler import check_positions
+    from duocal.profiling.profiler import check_contexts_fit
     from duocal_runtime.atomic import check_output
     from duocal_runtime.regular_files import read_text
 
@@ -91,7 +91,7 @@ def profile_command(
             sink=default_sink if sink is None else sink,
             recent=default_recent if recent is None else recent,
         )
-        check_positions(config, ref.load_config())  # before the weights load
+        check_contexts_fit(config, ref.load_config())  # before the weights load
         lm = ref.load_model()
         if base is not None:
             base.check_compatible(lm.config)

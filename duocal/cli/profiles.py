@@ -41,6 +41,9 @@ def show(
     dtype: Annotated[
         str, typer.Option(help="dtype of the cached keys and values: the model's (memory, budgets).")
     ] = "bfloat16",
+    kv_bits: Annotated[
+        int, typer.Option(help="Bits full heads store keys and values in: 16, 8 or 4 (KIVI codes below 16).")
+    ] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object instead of a table.")] = False,
 ):
     """Shape, score histogram, retrieval heads per layer and KV memory at CONTEXT vs full.
@@ -54,7 +57,13 @@ def show(
             raise ValueError("--policies chooses per head under a memory budget: give --budget too")
         names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
         summary = profile_summary(
-            dr.load_profile(profile), sparsity=sparsity, context=context, budget=budget, policies=names, dtype=dtype
+            dr.load_profile(profile),
+            sparsity=sparsity,
+            context=context,
+            budget=budget,
+            policies=names,
+            dtype=dtype,
+            kv_bits=kv_bits,
         )
     if as_json:
         typer.echo(json.dumps(summary, indent=2))

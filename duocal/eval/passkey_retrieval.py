@@ -26,10 +26,11 @@ from duocal.eval.row_kinds import (
     RowInputs,
     RowPlans,
     build_rows,
+    check_kv_bits,
     check_rows,
     default_rows,
     head_policy,
-    model_positions,
+    refuse_beyond_positions,
     require_profile,
     row_window,
 )
@@ -59,13 +60,16 @@ class PasskeyEvalConfig:
     num_passkeys: int | tuple[int, int] = (1, 6)
     haystack: Any = "synthetic"
     protocol: str = "query-aware"  # or query-agnostic (the question after the context), or both (protocols.py)
+    kv_bits: tuple[int, ...] = (16,)  # widths of full heads' keys and values, one row each (16, 8, 4)
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
         set_("rows", tuple(self.rows))
         set_("sparsities", tuple(float(s) for s in self.sparsities))
         set_("contexts", tuple(int(c) for c in self.contexts))
+        set_("kv_bits", tuple(self.kv_bits))
         check_rows(self.rows, self.sparsities)
+        check_kv_bits(self.kv_bits)
         protocols_of(self.protocol)
         if not self.contexts or any(c < 1 for c in self.contexts):
             raise ValueError(f"contexts must be positive token counts, got {list(self.contexts)}")
@@ -99,6 +103,7 @@ class PasskeyRow:
     head_policy: dict[str, Any] | None  # the non-full policy and its sizes
     seconds: float
     protocol: str = "query-aware"
+    kv_bits: int = 16  # how full heads stored keys and values
     seeds: list[int] | None = None  # random only
     per_seed: list[float] | None = None
     min: float | None = None
@@ -124,13 +129,7 @@ def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile
     """Raise `ValueError` if the options do not fit this model (and, given its tokenizer, if the
     passkeys do not fit every context): cheap, so it can run before the weights are loaded."""
     check_model_supported(model_config)
-    limit = model_positions(model_config)
-    too_long = [c for c in config.contexts if limit is not None and c > limit]
-    if too_long:
-        raise ValueError(
-            f"context {too_long[0]} is beyond the model's max_position_embeddings ({limit}); "
-            "evaluate at most that many tokens"
-        )
+    refuse_beyond_positions(config.contexts, model_config, "evaluate at most that many tokens")
     require_profile(config.rows, profile, model_config)
     if tokenizer is not None:
         for context in config.contexts:
@@ -236,6 +235,7 @@ def passkey_row(
         head_policy=head_policy(plans[0]),
         seconds=round(seconds, 2),
         protocol=protocol,
+        kv_bits=row.kv_bits,
     )
     if row.seeds is not None:
         out.seeds, out.per_seed = list(row.seeds), accuracies
@@ -265,7 +265,9 @@ def evaluate_passkey(
     for context in config.contexts:
         batches = make_batches(make_samples(tokenizer, context, config), config.batch_size, pad_id)
         inputs = RowInputs(shape, context, window, profile, config.random_seeds)
-        work += [(context, r, batches) for r in build_rows(config.rows, config.sparsities, inputs, plans)]
+        work += [
+            (context, r, batches) for r in build_rows(config.rows, config.sparsities, inputs, plans, config.kv_bits)
+        ]
     protocols = protocols_of(config.protocol)
     total = sum(len(v.plans) for _, v, _ in work) * config.samples * len(protocols)
     done = 0

@@ -24,9 +24,11 @@ from duocal.eval.row_kinds import (
     RowInputs,
     RowPlans,
     build_rows,
+    check_kv_bits,
     check_rows,
     default_rows,
     model_positions,
+    refuse_beyond_positions,
     require_profile,
     row_window,
 )
@@ -45,11 +47,14 @@ class PerplexityConfig:
     sink: int | None = None
     recent: int | None = None
     random_seeds: int = 3
+    kv_bits: tuple[int, ...] = (16,)  # widths of full heads' keys and values, one row each (16, 8, 4)
 
     def __post_init__(self):
         object.__setattr__(self, "rows", tuple(self.rows))
         object.__setattr__(self, "sparsities", tuple(float(s) for s in self.sparsities))
+        object.__setattr__(self, "kv_bits", tuple(self.kv_bits))
         check_rows(self.rows, self.sparsities)
+        check_kv_bits(self.kv_bits)
         for name in ("context", "chunk", "windows", "random_seeds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -75,6 +80,7 @@ class PerplexityRow:
     fraction_of_full: float
     seconds: float
     per_seed: list[float] | None = None
+    kv_bits: int = 16
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,14 +88,10 @@ class PerplexityRow:
         return {**data, "policy": self.row, **self.extra}  # "policy": the row's old key, kept for one release
 
 
-def check_positions(config: PerplexityConfig, model_config) -> None:
+def check_window_fits(config: PerplexityConfig, model_config) -> None:
     """A window beyond the model's positions is refused before the weights load."""
     limit = model_positions(model_config)
-    if limit is not None and config.context > limit:
-        raise ValueError(
-            f"context {config.context} is beyond the model's max_position_embeddings ({limit}); use --context {limit} "
-            "or less"
-        )
+    refuse_beyond_positions([config.context], model_config, f"use --context {limit} or less")
 
 
 def text_windows(tokenizer, text: str, context: int, windows: int) -> list[torch.Tensor]:
@@ -147,6 +149,7 @@ def perplexity_row(
         fraction_of_full=kv_bytes / full_bytes,
         seconds=round(seconds, 2),
         per_seed=ppls if row.seeds is not None else None,
+        kv_bits=row.kv_bits,
     )
 
 
@@ -165,7 +168,7 @@ def evaluate_perplexity(
     shape, dtype = dr.shape_of_config(model.config), next(model.parameters()).dtype
     windows = text_windows(tokenizer, text, config.context, config.windows)
     inputs = RowInputs(shape, config.context, config.window(profile), profile, config.random_seeds)
-    planned = build_rows(config.rows, config.sparsities, inputs)
+    planned = build_rows(config.rows, config.sparsities, inputs, kv_bits=config.kv_bits)
     total, done = sum(len(r.plans) for r in planned) * len(windows), 0
     rows = []
     for row in planned:

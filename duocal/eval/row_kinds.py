@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import duocal_runtime as dr
 from duocal_runtime.planning import bounded_head_count
 
 MIX_POLICIES = ("full", "sink_window", "h2o")
+KV_BITS = (16, 8, 4)  # widths full heads store (duocal_runtime.kv_quant.BITS)
 DEFAULT_WINDOW = dr.SinkWindow()
 Progress = Callable[[int, int, str], None]  # (units done, units in all, what is running)
 
@@ -74,11 +75,23 @@ class RowPlans:
     sparsity: float
     plans: tuple[dr.Plan, ...]
     seeds: tuple[int, ...] | None = None
+    kv_bits: int = 16  # how the plans' full heads store keys and values
 
     @property
     def label(self) -> str:
         kind = ROWS.get(self.row)
-        return self.row + (f" @ sparsity {self.sparsity:g}" if kind is None or kind.per_sparsity else "")
+        bits = f", {self.kv_bits}-bit KV" if self.kv_bits != 16 else ""
+        return self.row + (f" @ sparsity {self.sparsity:g}" if kind is None or kind.per_sparsity else "") + bits
+
+
+def bits_variants(row: RowPlans, kv_bits: Sequence[int]) -> list[RowPlans]:
+    """The row at each of `kv_bits`; a row without full heads is the same at every width: once, at 16."""
+    has_full = any(not p.bounded for plan in row.plans for r in plan.policies for p in r)
+    wanted = [b for b in kv_bits if b == 16 or has_full] or [16]
+    return [
+        row if b == 16 else replace(row, plans=tuple(dr.with_kv_bits(p, b) for p in row.plans), kv_bits=b)
+        for b in wanted
+    ]
 
 
 # --- the plans of each kind -----------------------------------------------------------------
@@ -178,6 +191,14 @@ def default_rows(has_profile: bool) -> tuple[str, ...]:
     return tuple(name for name, kind in ROWS.items() if kind.default and (has_profile or not kind.needs_profile))
 
 
+def check_kv_bits(kv_bits: Sequence[int]) -> None:
+    """Raise `ValueError` unless `kv_bits` are distinct widths of 16, 8 and 4."""
+    if not kv_bits or len(set(kv_bits)) != len(kv_bits) or not set(kv_bits) <= set(KV_BITS):
+        raise ValueError(
+            f"kv bits must be distinct values of 16, 8 and 4, got {', '.join(map(str, kv_bits)) or 'none'}"
+        )
+
+
 def check_rows(rows: Sequence[str], sparsities: Sequence[float]) -> None:
     """Raise `ValueError` for unknown or repeated row kinds and sparsities outside [0, 1]."""
     unknown = [r for r in rows if r not in ROWS]
@@ -212,6 +233,15 @@ def model_positions(model_config: Any) -> int | None:
     return getattr(text_config, "max_position_embeddings", None)
 
 
+def refuse_beyond_positions(contexts, model_config: Any, advice: str, generated: int = 0) -> None:
+    """Raise `ValueError` for the first context (plus `generated` tokens) beyond the model's positions."""
+    limit = model_positions(model_config)
+    beyond = [c for c in contexts if limit is not None and c + generated > limit]
+    if beyond:
+        plus = f" + {generated} generated tokens" if generated else ""
+        raise ValueError(f"context {beyond[0]}{plus} is beyond the model's max_position_embeddings ({limit}); {advice}")
+
+
 def row_window(profile: dr.Profile | None, sink: int | None, recent: int | None) -> dr.SinkWindow:
     """The sink window of bounded heads: given sizes, else the profile's, else 64 / 256."""
     d = profile.deploy.window if profile is not None else DEFAULT_WINDOW
@@ -219,16 +249,20 @@ def row_window(profile: dr.Profile | None, sink: int | None, recent: int | None)
 
 
 def build_rows(
-    rows: Sequence[str], sparsities: Sequence[float], inputs: RowInputs, plans: Mapping[str, dr.Plan] | None = None
+    rows: Sequence[str],
+    sparsities: Sequence[float],
+    inputs: RowInputs,
+    plans: Mapping[str, dr.Plan] | None = None,
+    kv_bits: Sequence[int] = (16,),
 ) -> list[RowPlans]:
     """Every row's plans at one context, in the order of `rows` (each per sparsity where it has
-    one), then the hand-made `plans` by name."""
+    one, and per KV width where it has full heads), then the hand-made `plans` by name."""
     out: list[RowPlans] = []
     for name in rows:
         kind = ROWS[name]
         for s in sparsities if kind.per_sparsity else (None,):
             built, seeds = kind.plans(inputs, s)
-            out.append(RowPlans(name, kind.fixed_sparsity if s is None else s, built, seeds))
+            out += bits_variants(RowPlans(name, kind.fixed_sparsity if s is None else s, built, seeds), kv_bits)
     for name, plan in (plans or {}).items():
         if plan.shape != inputs.shape:
             raise ValueError(f"plan {name!r} is for {plan.shape.describe()}, the model has {inputs.shape.describe()}")

@@ -31,7 +31,7 @@ from duocal.eval.row_kinds import (
     build_rows,
     check_rows,
     head_policy,
-    model_positions,
+    refuse_beyond_positions,
     require_profile,
     row_window,
 )
@@ -49,7 +49,7 @@ class RulerConfig:
     rows: tuple[str, ...] = DEFAULT_ROWS
     sparsities: tuple[float, ...] = (0.5,)
     contexts: tuple[int, ...] = (4096,)
-    samples: int = 2  # documents per task and context
+    samples: int = 1  # documents per task and context
     sink: int | None = None
     recent: int | None = None
     random_seeds: int = 1
@@ -166,13 +166,8 @@ def scores_at(results: dict[str, Any], context: int) -> dict[str, float]:
 
 
 def check_contexts(config: RulerConfig, model_config) -> None:
-    positions = model_positions(model_config)
-    too_long = [c for c in config.contexts if positions and c + MAX_NEW_TOKENS > positions]
-    if too_long:
-        raise ValueError(
-            f"context {too_long[0]} + {MAX_NEW_TOKENS} generated tokens is beyond the model's {positions} positions "
-            "(lm-eval would cut the start of the prompt); choose a shorter --contexts"
-        )
+    advice = "lm-eval would cut the start of the prompt: choose a shorter --contexts"
+    refuse_beyond_positions(config.contexts, model_config, advice, generated=MAX_NEW_TOKENS)
 
 
 def evaluate_ruler(

@@ -19,8 +19,10 @@ from duocal_runtime.atomic import check_output, write_atomic
 
 
 def row_name(row) -> str:
-    """The row kind, marked when the question came after the context (the query-agnostic protocol)."""
-    return row.row if getattr(row, "protocol", "query-aware") == "query-aware" else f"{row.row} (q after)"
+    """The row kind, marked with its KV bits below 16 and when the question came after the context
+    (the query-agnostic protocol)."""
+    name = row.row + (f" kv{row.kv_bits}" if getattr(row, "kv_bits", 16) != 16 else "")
+    return name if getattr(row, "protocol", "query-aware") == "query-aware" else f"{name} (q after)"
 
 
 def exact_match_text(row: PasskeyRow) -> str:

@@ -19,6 +19,7 @@ import torch
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator
 from duocal.eval.perplexity import text_windows
+from duocal.eval.row_kinds import refuse_beyond_positions
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_share, retrieval_score
 from duocal_runtime.profile_measurements import Measurement, kept_name
@@ -112,21 +113,14 @@ def sample_measures(stats, rows, spans, policies, shape: dr.ModelShape) -> dict[
     return out
 
 
-def check_positions(config: ProfilerConfig, model_config) -> None:
+def check_contexts_fit(config: ProfilerConfig, model_config) -> None:
     """Refuse contexts beyond the model's positions before any work (evaluation and calibration do too)."""
-    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    limit = getattr(text, "max_position_embeddings", None)
-    beyond = [c for c in config.contexts if limit is not None and c > limit]
-    if beyond:
-        raise ValueError(
-            f"context {beyond[0]} is beyond the model's max_position_embeddings ({limit}); "
-            "measure at most that many tokens"
-        )
+    refuse_beyond_positions(config.contexts, model_config, "measure at most that many tokens")
 
 
 def profile_model(model, tokenizer, config: ProfilerConfig, model_name: str | None = None) -> dr.Profile:
     """Measure and build the profile (scores: retrieval, else 1 − sink-window kept share)."""
-    check_positions(config, model.config)
+    check_contexts_fit(config, model.config)
     started = time.perf_counter()
     measured = measure(model, tokenizer, config)
     seconds = time.perf_counter() - started

@@ -7,6 +7,8 @@
 | `full` | duocal, all heads `full` | duocal |
 | `stream50` / `stream75` | duocal, 50% / 75% of KV heads sink 64 + recent 256 | duocal |
 | `h2o50` | duocal, H2O on every head at the KV bytes of `stream50` | duocal |
+| `full-kv8` / `full-kv4` / `stream50-kv4` | duocal, full heads in 8- / 4-bit KIVI codes | duocal, blocked over codes |
+| `quanto4` | transformers `QuantizedCache` (optimum-quanto 4-bit, residual 128, groups of 32) | sdpa, all dequantized |
 | `<row>-compiled` | the duocal row's static cache (`max_length`), decode compiled | duocal |
 """
 
@@ -20,7 +22,15 @@ from duocal_runtime.policies.static_buffers import mark_static
 
 SINK, RECENT = 64, 256
 DUO_ROWS = ("full", "stream50", "stream75", "h2o50")
-ROWS = ("dynamic", "static", *DUO_ROWS, *(f"{r}-compiled" for r in DUO_ROWS))
+QUANTIZED_ROWS = ("full-kv8", "full-kv4", "stream50-kv4", "quanto4")
+ROWS = ("dynamic", "static", *DUO_ROWS, *QUANTIZED_ROWS, *(f"{r}-compiled" for r in DUO_ROWS))
+QUANTO = dict(backend="quanto", nbits=4, residual_length=128, q_group_size=32)
+
+
+def kv_bits_of(row: str) -> tuple[str, int]:
+    """'full-kv4' -> ('full', 4); rows without the suffix store 16 bits."""
+    base, _, bits = row.partition("-kv")
+    return (base, int(bits)) if bits else (row, 16)
 
 
 def base_row(row: str) -> str:
@@ -33,7 +43,9 @@ def is_compiled(row: str) -> bool:
 
 def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
     """The plan of a duocal row (None for transformers' caches). Random weights: any head choice is as good."""
-    row = base_row(row)
+    row, bits = kv_bits_of(base_row(row))
+    if bits != 16:
+        return dr.with_kv_bits(row_plan(row, shape, context), bits)
     window = dr.SinkWindow(SINK, RECENT)
     if row == "full":
         return dr.uniform_plan(shape, dr.Full())
@@ -43,7 +55,7 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
     if row == "h2o50":
         budget = (context + window.budget) // 2  # per head: the mean of full and streaming
         return dr.uniform_plan(shape, dr.H2O(heavy=budget - budget // 2, recent=budget // 2))
-    if row in ("dynamic", "static"):
+    if row in ("dynamic", "static", "quanto4"):
         return None
     raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS)}")
 
@@ -54,6 +66,8 @@ def new_cache(row: str, model, runtime, max_length: int):
         return DynamicCache(config=model.config)
     if row == "static":
         return StaticCache(config=model.config, max_cache_len=max_length)
+    if row == "quanto4":
+        return quanto_cache(model)
     return runtime.new_cache(max_length=max_length if is_compiled(row) else None)
 
 
@@ -87,7 +101,33 @@ def _set_counters(layer, context: int, device) -> None:
     layer.is_initialized = True
 
 
+def quanto_cache(model):
+    try:
+        import optimum.quanto  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            "row quanto4 needs optimum-quanto: pip install -c constraints.txt -e '.[bench]' (the first use compiles "
+            "its CPU kernels, ~3 minutes)"
+        ) from None
+    from transformers import QuantizedCache
+
+    return QuantizedCache(config=model.config, **QUANTO)
+
+
+def tensor_bytes(t) -> int:
+    """Bytes of a tensor, or of the inner tensors of a subclass (quanto's codes, scales, shifts)."""
+    if hasattr(t, "__tensor_flatten__"):
+        return sum(tensor_bytes(getattr(t, name)) for name in t.__tensor_flatten__()[0])
+    return t.nbytes
+
+
 def kv_bytes(cache) -> int:
     if isinstance(cache, dr.DuoCache):
         return cache.kv_bytes()
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    coded = sum(
+        tensor_bytes(getattr(layer, name))
+        for layer in cache.layers
+        for name in ("_quantized_keys", "_quantized_values")
+        if getattr(layer, name, None) is not None
+    )
+    return coded + sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)

@@ -61,7 +61,10 @@ def pull(
     offline = env_offline() if offline is None else offline
     if offline and force:
         raise ProfileError("--force re-downloads, which offline mode forbids: drop one of them")
-    cache = ProfileCache(Path(cache_dir) if cache_dir is not None else default_cache_dir())
+    try:
+        cache = ProfileCache(Path(cache_dir) if cache_dir is not None else default_cache_dir())
+    except ValueError as error:
+        raise ProfileError(f"cannot write the profile cache: {error}") from None
     puller = _Puller(cache, offline, force, mirror or env_mirror(), settings or DownloadSettings.from_env())
     source = resolve(ref, index)
     if isinstance(source, IndexEntry):

@@ -21,6 +21,7 @@ import torch
 from transformers.generation.continuous_batching.cache import PagedAttentionCache, PagedAttentionMemoryHandler
 from transformers.generation.continuous_batching.cache_allocators.cache_pool import CachePool
 
+from ..errors import PlanError
 from ..hf_compat import LAYER_KWARG, check_attention_is
 from ..planning import Plan
 from .paged_attention import PagedLayerPass, PagedStep
@@ -43,6 +44,17 @@ class LayerHeads:
         return cls(full, [(policy, heads) for policy, heads in groups if policy.bounded])
 
 
+def refuse_quantized(plan: Plan) -> None:
+    """Pages hold keys and values in the cache's dtype: quantized full heads are not served yet."""
+    bits = sorted({p.kv_bits for row in plan.policies for p in row if getattr(p, "quantized", False)})
+    if bits:
+        raise PlanError(
+            f"this plan stores full heads in {'/'.join(map(str, bits))}-bit codes, which continuous batching "
+            "(generate_batch, duocal serve) does not page yet; serve a 16-bit plan (kv_bits=16) or run "
+            "the quantized plan with model.generate()"
+        )
+
+
 class DuoPagedCache(PagedAttentionCache):
     """Paged storage for `plan` in one pool of `num_sectors` sectors (see pages.py)."""
 
@@ -50,6 +62,7 @@ class DuoPagedCache(PagedAttentionCache):
 
     def __init__(self, plan: Plan, config, cb_config, device, dtype: torch.dtype, rep: int, owner=None):
         # The engine's constructor sizes every layer by one head count: this one is built from the plan.
+        refuse_quantized(plan)
         self.config, self.dtype, self.device, self.plan, self.rep = config, dtype, device, plan, rep
         self.owner = owner  # the Runtime whose attention function reads this cache
         self.max_blocks_per_request = 0

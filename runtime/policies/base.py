@@ -83,6 +83,10 @@ class HeadPolicy(ABC):
         """Tokens one head holds after `seq_len` real tokens (the analytic size of its cache)."""
         return seq_len if self.budget is None else min(seq_len, self.budget)
 
+    def kv_bytes(self, seq_len: int, head_dim: int, dtype_bytes: int) -> int:
+        """Bytes one KV head holds (keys and values) after `seq_len` real tokens."""
+        return 2 * self.tokens_kept(seq_len) * head_dim * dtype_bytes
+
     def sizes(self) -> dict[str, int]:
         """The policy's size fields by name (what profiles and plans store)."""
         return asdict(self)

@@ -8,34 +8,76 @@ over keys [B, G, S, D] with `enable_gqa`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from ..dense_attention import decode_sdpa, sdpa
+from ..errors import PlanError
+from ..kv_quant import BITS, quantized_bytes
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
+from .growth import full_capacity
 from .static_buffers import allocate_static, check_room
-
-FULL_SLACK = 1 / 64  # dynamic buffers grow by ~1.6% at a time
-FULL_ALIGN = 8
-
-
-def full_capacity(needed: int, first: bool) -> int:
-    """Slots a dynamic full group allocates to hold `needed` tokens (exact on the first pass)."""
-    return needed if first else needed + max(FULL_ALIGN, math.ceil(needed * FULL_SLACK))
 
 
 @register_policy
 @dataclass(frozen=True)
 class Full(HeadPolicy):
+    """Every token. `kv_bits` 8 or 4 stores them as KIVI codes (kv_quant.py): keys per channel over
+    groups of `group` tokens, values per token over groups of `group` channels, the newest
+    `residual` or more in full precision. 16 (the default) stores the cache's dtype as it is."""
+
     name = "full"
     bounded = False
+    kv_bits: int = 16
+    group: int = 32
+    residual: int = 128
+
+    def __post_init__(self):
+        for name, least in (("kv_bits", 1), ("group", 1), ("residual", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise PlanError(f"full: {name} must be an integer of at least {least}, got {value!r}")
+        if self.kv_bits not in BITS:
+            raise PlanError(f"full: kv_bits must be one of {', '.join(map(str, BITS))}, got {self.kv_bits}")
+
+    @classmethod
+    def storing(cls, kv_bits: int = 16, group: int = 32) -> Full:
+        """Full heads that store `kv_bits` per value (16: the cache's dtype, whatever `group` says)."""
+        made = cls(kv_bits=kv_bits, group=group)
+        return cls() if made.kv_bits == 16 else made
+
+    @property
+    def quantized(self) -> bool:
+        return self.kv_bits < 16
+
+    def sizes(self) -> dict[str, int]:
+        return super().sizes() if self.quantized else {}  # a 16-bit full head has no sizes, as before
+
+    def kv_bytes(self, seq_len: int, head_dim: int, dtype_bytes: int) -> int:
+        return quantized_bytes(seq_len, head_dim, self.kv_bits, self.group, self.residual, dtype_bytes)
+
+    def check_head_dim(self, head_dim: int) -> None:
+        if self.quantized and head_dim % self.group:
+            divisor = next(g for g in (128, 64, 32, 16, 8, 4, 2, 1) if head_dim % g == 0)
+            raise PlanError(
+                f"full: group {self.group} does not divide head_dim {head_dim} (values are quantized over groups "
+                f"of channels); use a divisor such as {divisor}"
+            )
 
     def keeps(self, k_rank, real_total, score=None):
         return k_rank >= 0
 
     def make_group(self, kv_heads, rep, max_length=None):
+        if self.quantized:
+            if max_length is not None:
+                raise PlanError(
+                    "quantized full heads (kv_bits < 16) have no static cache yet; use a dynamic cache "
+                    "(runtime.new_cache() without max_length)"
+                )
+            from .full_quantized import QuantizedFullGroup
+
+            return QuantizedFullGroup(self, kv_heads, rep)
         if max_length is None:
             return FullGroup(self, kv_heads, rep)
         return StaticFullGroup(self, kv_heads, rep, max_length)

@@ -1,0 +1,132 @@
+"""KIVI's KV quantization (Liu et al. 2024, arXiv 2402.02750): the codes, their scales, their bytes.
+
+Keys are quantized per channel over groups of `group` tokens (keys have outlier channels: a scale
+per channel keeps them apart); values per token over groups of `group` channels. Both are
+asymmetric: x ≈ code × scale + zero, with `scale = (max − min) / (2^bits − 1)` and `zero = min` over
+the group, so a value is off by at most scale / 2. 4-bit codes are packed two per byte; scales and
+zero points are kept in the cache's dtype. The newest tokens stay in full precision (the residual)
+until a whole group of tokens can be quantized: a head holding n tokens keeps
+`quantized_tokens(n)` of them as codes and the rest in full precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BITS = (16, 8, 4)  # 16: the cache's own dtype (not quantized)
+
+
+@dataclass(frozen=True)
+class QuantizedKV:
+    """Keys or values of G heads, N tokens (N a multiple of the key group), D channels, as codes."""
+
+    codes: torch.Tensor  # uint8 [B, G, N, D * bits / 8]
+    scale: torch.Tensor  # keys [B, G, N / group, D]; values [B, G, N, D / group] (cache dtype)
+    zero: torch.Tensor  # as scale
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scale.nbytes + self.zero.nbytes
+
+
+def quantized_tokens(n: int, group: int, residual: int) -> int:
+    """Tokens of n held as codes: whole groups, leaving at least `residual` (and fewer than
+    residual + group) of the newest tokens in full precision."""
+    return max(0, n - residual) // group * group
+
+
+def quantized_bytes(n: int, head_dim: int, bits: int, group: int, residual: int, dtype_bytes: int) -> int:
+    """Bytes one KV head holds for n tokens: codes, scales and zero points of the quantized part,
+    plus the full-precision residual (keys and values)."""
+    if bits == 16:
+        return 2 * n * head_dim * dtype_bytes
+    q = quantized_tokens(n, group, residual)
+    codes = 2 * q * head_dim * bits // 8
+    key_params = 2 * (q // group) * head_dim * dtype_bytes
+    value_params = 2 * q * (head_dim // group) * dtype_bytes
+    return codes + key_params + value_params + 2 * (n - q) * head_dim * dtype_bytes
+
+
+def _codes(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor, bits: int):
+    levels = (1 << bits) - 1
+    scale = (high - low).clamp_min(torch.finfo(torch.float32).tiny) / levels
+    codes = torch.round((x - low) / scale).clamp_(0, levels).to(torch.uint8)
+    return codes, scale, low
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 codes [..., D] -> [..., D * bits / 8] (4 bits: two per byte, the even channel low)."""
+    if bits == 8:
+        return codes
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    if bits == 8:
+        return packed
+    out = torch.stack((packed & 0x0F, packed >> 4), dim=-1)
+    return out.flatten(-2)
+
+
+def quantize_keys(k: torch.Tensor, bits: int, group: int, valid: torch.Tensor | None = None) -> QuantizedKV:
+    """k [B, G, N, D] (N a multiple of group): one scale and zero per channel and group of tokens.
+    `valid` [B, N] (False: padding) keeps padded slots out of the scales (they are coded, clamped)."""
+    b, g, n, d = k.shape
+    x = k.float().reshape(b, g, n // group, group, d)
+    if valid is None:
+        low, high = x.amin(3, keepdim=True), x.amax(3, keepdim=True)
+    else:
+        real = valid.reshape(b, 1, n // group, group, 1)
+        low = x.masked_fill(~real, float("inf")).amin(3, keepdim=True)
+        high = x.masked_fill(~real, float("-inf")).amax(3, keepdim=True)
+        empty = ~real.any(3, keepdim=True)  # a group of padding only
+        low, high = low.masked_fill(empty, 0.0), high.masked_fill(empty, 0.0)
+    codes, scale, zero = _codes(x, low, high, bits)
+    return QuantizedKV(
+        pack_codes(codes.reshape(b, g, n, d), bits), scale.squeeze(3).to(k.dtype), zero.squeeze(3).to(k.dtype)
+    )
+
+
+def quantize_values(v: torch.Tensor, bits: int, group: int) -> QuantizedKV:
+    """v [B, G, N, D] (D a multiple of group): one scale and zero per token and group of channels."""
+    b, g, n, d = v.shape
+    x = v.float().reshape(b, g, n, d // group, group)
+    codes, scale, zero = _codes(x, x.amin(4, keepdim=True), x.amax(4, keepdim=True), bits)
+    return QuantizedKV(
+        pack_codes(codes.reshape(b, g, n, d), bits), scale.squeeze(4).to(v.dtype), zero.squeeze(4).to(v.dtype)
+    )
+
+
+def dequantize_keys(q: QuantizedKV, bits: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+    codes = unpack_codes(q.codes, bits).float()
+    b, g, n, d = codes.shape
+    x = codes.reshape(b, g, n // group, group, d) * q.scale.float()[:, :, :, None] + q.zero.float()[:, :, :, None]
+    return x.reshape(b, g, n, d).to(dtype)
+
+
+def dequantize_values(q: QuantizedKV, bits: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+    codes = unpack_codes(q.codes, bits).float()
+    b, g, n, d = codes.shape
+    x = codes.reshape(b, g, n, d // group, group) * q.scale.float()[..., None] + q.zero.float()[..., None]
+    return x.reshape(b, g, n, d).to(dtype)
+
+
+def token_slice(q: QuantizedKV, start: int, stop: int, group: int, keys: bool) -> QuantizedKV:
+    """Tokens [start, stop) (multiples of `group` for keys) of quantized keys or values."""
+    if keys:
+        return QuantizedKV(
+            q.codes[:, :, start:stop],
+            q.scale[:, :, start // group : stop // group],
+            q.zero[:, :, start // group : stop // group],
+        )
+    return QuantizedKV(q.codes[:, :, start:stop], q.scale[:, :, start:stop], q.zero[:, :, start:stop])
+
+
+def concat(a: QuantizedKV | None, b: QuantizedKV) -> QuantizedKV:
+    if a is None:
+        return b
+    return QuantizedKV(
+        *(torch.cat((x, y), dim=2) for x, y in ((a.codes, b.codes), (a.scale, b.scale), (a.zero, b.zero)))
+    )

@@ -1,0 +1,93 @@
+"""Attention over KIVI-quantized keys and values without dequantizing the whole history.
+
+The quantized part (every token older than the residual) is read `CODED_BLOCK` tokens at a
+time and never dequantized: a block's scores are (q × scale) · codes + q · zero per group of
+tokens (keys), its output (p × scale) · codes + p · zero per group of channels (values), the
+codes converted to fp32 once; each block is folded into a running softmax (running max, sum and
+weighted values, as flash attention combines blocks). The full-precision residual (which holds
+the pass's new tokens) is the last block, with the causal mask. Math in fp32; the result is in
+the queries' dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from . import kv_quant as Q
+
+CODED_BLOCK = 2048  # tokens of quantized history read at once (a multiple of every group size used)
+
+
+class RunningSoftmax:
+    """softmax(scores) @ values over key blocks seen one at a time; rows [B, G, R*T]."""
+
+    def __init__(self, q: torch.Tensor):
+        self.max = torch.full((*q.shape[:-1], 1), float("-inf"), device=q.device)
+        self.sum = torch.zeros_like(self.max)
+        self.acc = torch.zeros(*q.shape[:-1], q.shape[-1], device=q.device)
+
+    def add(self, scores: torch.Tensor, weighted: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """scores [B, G, RT, S] (−inf where masked); weighted(p) = p @ the block's values, [B, G, RT, D]."""
+        new_max = torch.maximum(self.max, scores.amax(-1, keepdim=True))
+        safe = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+        p = torch.exp(scores - safe)
+        keep = torch.exp(self.max - safe)
+        self.sum = self.sum * keep + p.sum(-1, keepdim=True)
+        self.acc = self.acc * keep + weighted(p)
+        self.max = new_max
+
+    def result(self) -> torch.Tensor:
+        return self.acc / self.sum.clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def key_scores(qg: torch.Tensor, keys: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor:
+    """qg [B, G, RT, D] against quantized keys of n tokens -> [B, G, RT, n], never materializing the
+    dequantized keys: per group of tokens, (q × scale) · codes + q · zero."""
+    codes = Q.unpack_codes(keys.codes, bits).float()
+    b, g, n, d = codes.shape
+    scaled = qg[:, :, :, None, :] * keys.scale.float()[:, :, None]  # [B, G, RT, n / group, D]
+    scores = torch.einsum("bgrnd,bgnkd->bgrnk", scaled, codes.reshape(b, g, n // group, group, d))
+    offset = torch.einsum("bgrd,bgnd->bgrn", qg, keys.zero.float())
+    return (scores + offset[..., None]).reshape(b, g, -1, n)
+
+
+def weighted_values(p: torch.Tensor, values: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor:
+    """p [B, G, RT, n] @ quantized values -> [B, G, RT, D]: per group of channels, (p × scale) · codes + p · zero."""
+    codes = Q.unpack_codes(values.codes, bits).float()
+    b, g, n, d = codes.shape
+    scaled = p[..., None] * values.scale.float()[:, :, None]  # [B, G, RT, n, D / group]
+    out = torch.einsum("bgrnj,bgnjk->bgrjk", scaled, codes.reshape(b, g, n, d // group, group))
+    offset = torch.einsum("bgrn,bgnj->bgrj", p, values.zero.float())
+    return (out + offset[..., None]).reshape(b, g, -1, d)
+
+
+def quantized_attention(q, quantized, residual_k, residual_v, masks, scaling: float, bits: int, group: int):
+    """q [B, G*R, T, D]; `quantized` (keys, values) as `QuantizedKV` of the N oldest tokens or None;
+    residual k/v [B, G, M, D]; masks (history [B, 1, 1, N] or None, residual [B or 1, 1, T, M] or None:
+    True = visible) -> [B, G*R, T, D]."""
+    b, heads, t, d = q.shape
+    g = residual_k.shape[1]
+    r = heads // g
+    qg = q.float().reshape(b, g, r * t, d) * scaling
+    softmax = RunningSoftmax(qg)
+    if quantized is not None:
+        keys, values = quantized
+        n = keys.codes.shape[2]
+        for start in range(0, n, CODED_BLOCK):
+            stop = min(n, start + CODED_BLOCK)
+            kb, vb = Q.token_slice(keys, start, stop, group, True), Q.token_slice(values, start, stop, group, False)
+            scores = key_scores(qg, kb, bits, group)
+            if masks[0] is not None:
+                scores = scores.masked_fill(~masks[0][..., start:stop], float("-inf"))
+            softmax.add(scores, lambda p, vb=vb: weighted_values(p, vb, bits, group))
+    scores = qg @ residual_k.float().transpose(-1, -2)  # [B, G, R*T, M]
+    if masks[1] is not None:  # [B or 1, 1, T, M] -> every query head of the group
+        visible = (
+            masks[1].expand(-1, 1, t, -1)[:, :, None].expand(-1, -1, r, -1, -1).reshape(-1, 1, r * t, scores.shape[-1])
+        )
+        scores = scores.masked_fill(~visible, float("-inf"))
+    residual = residual_v.float()
+    softmax.add(scores, lambda p: p @ residual)
+    return softmax.result().reshape(b, heads, t, d).to(q.dtype)
