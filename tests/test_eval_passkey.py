@@ -166,6 +166,27 @@ def test_rows_and_bytes(tiny_model_dir):
     assert by["random"].seeds == [0, 1] and by["random"].min <= by["random"].exact_match <= by["random"].max
 
 
+def test_kv_bits_rows_hold_their_codes_and_say_their_bits(tiny_model_dir, tmp_path):
+    model, tokenizer = models.load_model(tiny_model_dir), models.load_tokenizer(tiny_model_dir)
+    config = PasskeyEvalConfig(
+        rows=("full", "streaming"), contexts=(512,), samples=2, sink=8, recent=32, format="digits", kv_bits=(16, 4)
+    )
+    rows = pk.evaluate_passkey(model, tokenizer, config)
+    assert [(r.row, r.kv_bits) for r in rows] == [("full", 16), ("full", 4), ("streaming", 16)]
+    coded = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full(kv_bits=4, group=8))
+    assert rows[1].kv_bytes == coded.kv_bytes(512, 1, torch.float32) < 0.6 * rows[0].kv_bytes  # 128 fp32 residual
+    assert rows[1].kv_bytes <= rows[1].kv_bytes_measured <= 1.05 * rows[1].kv_bytes
+    result = runner.invoke(
+        app,
+        ["eval", "passkey", "--model", str(tiny_model_dir), "--contexts", "512", "--samples", "1", "--rows", "full"]
+        + ["--format", "digits", "--kv-bits", "16,8", "--no-plot"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "full kv8" in result.stdout
+    bad = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_model_dir), "--kv-bits", "2", "--no-plot"])
+    assert bad.exit_code == 1 and "kv bits must be distinct values of 16, 8 and 4, got 2" in bad.output
+
+
 # --- CLI ------------------------------------------------------------------------------------
 def test_cli_json_schema(tiny_model_dir, tmp_path):
     plot = tmp_path / "plot.png"
