@@ -91,3 +91,17 @@ def decode_sdpa(q, k, v, mask: torch.Tensor | None, scaling: float) -> torch.Ten
         return sdpa(q, k, v, mask, scaling)
     out = sdpa(gqa_queries(q, k.shape[1]), k, v, mask, scaling)
     return gqa_outputs(out, q.shape[1])
+
+
+def attend_every_slot(q, keys, values, pad_mask: torch.Tensor | None, seen_before: int, scaling: float):
+    """A pass's queries over every stored slot, causally (slot i holds position i; padding masked by
+    `pad_mask` [B, >= S]): what a 16-bit full head computes."""
+    t, length = q.shape[2], keys.shape[2]
+    pad = None if pad_mask is None else pad_mask[:, None, None, :length]
+    if t == 1:
+        return decode_sdpa(q, keys, values, pad, scaling)
+    if pad is None and seen_before == 0:
+        return sdpa(q, keys, values, None, scaling, causal=True)
+    positions = torch.arange(length, device=q.device)
+    causal = positions[None, :] <= (seen_before + torch.arange(t, device=q.device))[:, None]
+    return sdpa(q, keys, values, causal[None, None] if pad is None else causal[None, None] & pad, scaling)

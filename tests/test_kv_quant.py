@@ -6,6 +6,7 @@ import torch
 import duocal_runtime as dr
 from duocal_runtime import kv_quant as Q
 from duocal_runtime import quantized_attention as QA
+from duocal_runtime.policies import full_quantized
 from duocal_runtime.policies.base import Step
 from duocal_runtime.policies.full_quantized import QuantizedFullGroup
 
@@ -87,8 +88,10 @@ def test_blocked_attention_equals_attention_over_the_dequantized_cache(monkeypat
     torch.testing.assert_close(out, reference_attention(q, keys, values, visible, 0.25), rtol=0, atol=1e-5)
 
 
-def test_group_attends_as_the_reference_across_prefill_chunks_and_decode_steps():
+@pytest.mark.parametrize("query_block", [128, 5], ids=["one-query-block", "query-blocks"])
+def test_group_attends_as_the_reference_across_prefill_chunks_and_decode_steps(monkeypatch, query_block):
     """Every pass sees the history quantized by the passes before it and its own tokens in full precision."""
+    monkeypatch.setattr(full_quantized, "QUERY_BLOCK", query_block)
     torch.manual_seed(4)
     policy = dr.Full(kv_bits=4, group=8, residual=10)
     group = QuantizedFullGroup(policy, [0, 1], 2)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dense_attention import decode_sdpa, sdpa
+from ..dense_attention import attend_every_slot, decode_sdpa
 from ..errors import PlanError
 from ..kv_quant import BITS, quantized_bytes
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
@@ -116,15 +116,7 @@ class FullGroup(HeadGroup):
     def attend(self, q, k, v, step: Step):
         self._append(k, v)
         keys, values = self.k[:, :, : self.length], self.v[:, :, : self.length]
-        t = q.shape[2]
-        pad = None if step.pad_mask is None else step.pad_mask[:, None, None, : self.length]
-        if t == 1:
-            return decode_sdpa(q, keys, values, pad, step.scaling)
-        if pad is None and step.seen_before == 0:
-            return sdpa(q, keys, values, None, step.scaling, causal=True)
-        positions = torch.arange(self.length, device=q.device)
-        causal = positions[None, :] <= (step.seen_before + torch.arange(t, device=q.device))[:, None]
-        return sdpa(q, keys, values, causal[None, None] if pad is None else causal[None, None] & pad, step.scaling)
+        return attend_every_slot(q, keys, values, step.pad_mask, step.seen_before, step.scaling)
 
     def fill(self, batch, context, head_dim, dtype, device):
         self.k = torch.randn(batch, self.num_kv, context, head_dim, dtype=dtype, device=device)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import torch
 
 from .. import kv_quant as Q
-from ..dense_attention import sdpa
+from ..dense_attention import attend_every_slot
 from ..quantized_attention import quantized_attention
 from .base import HeadGroup, Step
 from .growth import full_capacity
 
+QUERY_BLOCK = 128  # queries of one pass attended at once to coded history
 PARTS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
 
 
@@ -59,12 +60,26 @@ class QuantizedFullGroup(HeadGroup):
     def attend(self, q, k, v, step: Step):
         self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
         self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
-        if not self.quantized and step.pad_mask is None and step.seen_before == 0:
-            out = sdpa(q, self.k, self.v, None, step.scaling, causal=True)  # a first prefill: nothing quantized yet
+        if not self.quantized:  # nothing coded yet: exactly what a 16-bit full head computes
+            out = attend_every_slot(q, self.k, self.v, step.pad_mask, step.seen_before, step.scaling)
         else:
-            p = self.policy
-            out = quantized_attention(
-                q, self.history(), self.k, self.v, self.masks(q, step), step.scaling, p.kv_bits, p.group
+            history, (history_mask, residual_mask) = self.history(), self.masks(q, step)
+            p, t = self.policy, q.shape[2]
+            out = torch.cat(
+                [  # queries in blocks: scores stay [B, G, R * QUERY_BLOCK, keys] however long the pass
+                    quantized_attention(
+                        q[:, :, i : i + QUERY_BLOCK],
+                        history,
+                        self.k,
+                        self.v,
+                        (history_mask, residual_mask[:, :, i : i + QUERY_BLOCK]),
+                        step.scaling,
+                        p.kv_bits,
+                        p.group,
+                    )
+                    for i in range(0, t, QUERY_BLOCK)
+                ],
+                dim=2,
             )
         self.compress(step.pad_mask)
         return out
