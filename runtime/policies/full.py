@@ -40,12 +40,13 @@ class Full(HeadPolicy):
                 raise PlanError(f"full: {name} must be an integer of at least {least}, got {value!r}")
         if self.kv_bits not in BITS:
             raise PlanError(f"full: kv_bits must be one of {', '.join(map(str, BITS))}, got {self.kv_bits}")
+        if self.kv_bits == 16 and (self.group, self.residual) != (32, 128):
+            raise PlanError("full: group and residual size the codes of kv_bits 8 or 4; a 16-bit full head has none")
 
     @classmethod
     def storing(cls, kv_bits: int = 16, group: int = 32) -> Full:
         """Full heads that store `kv_bits` per value (16: the cache's dtype, whatever `group` says)."""
-        made = cls(kv_bits=kv_bits, group=group)
-        return cls() if made.kv_bits == 16 else made
+        return cls() if kv_bits == 16 else cls(kv_bits=kv_bits, group=group)
 
     @property
     def quantized(self) -> bool:
