@@ -57,17 +57,26 @@ def _codes(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor, bits: int):
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """uint8 codes [..., D] -> [..., D * bits / 8] (4 bits: two per byte, the even channel low)."""
+    """uint8 codes [..., D] -> [..., D * bits / 8]. 4 bits: two per byte, channel i in the low
+    nibble and channel i + D/2 in the high one, so each nibble is a run of channels (code_runs)."""
     if bits == 8:
         return codes
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    half = codes.shape[-1] // 2
+    return codes[..., :half] | (codes[..., half:] << 4)
+
+
+def code_runs(packed: torch.Tensor, bits: int) -> list[torch.Tensor]:
+    """The codes as fp32 runs of consecutive channels (8 bits: one run; 4 bits: the two halves),
+    unpacked without interleaving."""
+    if bits == 8:
+        return [packed.float()]
+    return [(packed & 0x0F).float(), (packed >> 4).float()]
 
 
 def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 8:
         return packed
-    out = torch.stack((packed & 0x0F, packed >> 4), dim=-1)
-    return out.flatten(-2)
+    return torch.cat((packed & 0x0F, packed >> 4), dim=-1)
 
 
 def quantize_keys(k: torch.Tensor, bits: int, group: int, valid: torch.Tensor | None = None) -> QuantizedKV:
@@ -102,14 +111,16 @@ def quantize_values(v: torch.Tensor, bits: int, group: int) -> QuantizedKV:
 def dequantize_keys(q: QuantizedKV, bits: int, group: int, dtype: torch.dtype) -> torch.Tensor:
     codes = unpack_codes(q.codes, bits).float()
     b, g, n, d = codes.shape
-    x = codes.reshape(b, g, n // group, group, d) * q.scale.float()[:, :, :, None] + q.zero.float()[:, :, :, None]
+    grouped = codes.reshape(b, g, n // group, group, d)
+    x = torch.addcmul(q.zero.float()[:, :, :, None], grouped, q.scale.float()[:, :, :, None])  # code × scale + zero
     return x.reshape(b, g, n, d).to(dtype)
 
 
 def dequantize_values(q: QuantizedKV, bits: int, group: int, dtype: torch.dtype) -> torch.Tensor:
     codes = unpack_codes(q.codes, bits).float()
     b, g, n, d = codes.shape
-    x = codes.reshape(b, g, n, d // group, group) * q.scale.float()[..., None] + q.zero.float()[..., None]
+    grouped = codes.reshape(b, g, n, d // group, group)
+    x = torch.addcmul(q.zero.float()[..., None], grouped, q.scale.float()[..., None])
     return x.reshape(b, g, n, d).to(dtype)
 
 

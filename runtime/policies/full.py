@@ -59,6 +59,8 @@ class Full(HeadPolicy):
         return quantized_bytes(seq_len, head_dim, self.kv_bits, self.group, self.residual, dtype_bytes)
 
     def check_head_dim(self, head_dim: int) -> None:
+        if self.kv_bits == 4 and head_dim % 2:
+            raise PlanError(f"full: 4-bit codes pack two channels per byte; head_dim {head_dim} is odd: use kv_bits=8")
         if self.quantized and head_dim % self.group:
             divisor = next(g for g in (128, 64, 32, 16, 8, 4, 2, 1) if head_dim % g == 0)
             raise PlanError(
