@@ -5,7 +5,9 @@
 
 Rows (see rows.py): `dynamic` (DynamicCache, the baseline of every ratio), `static` (StaticCache,
 decode compiled), `full`, `stream50`, `stream75`, `h2o50` (duocal plans) and their `-compiled`
-variants (duocal's static cache, decode compiled). Decode is timed on a cache filled with random
+variants (duocal's static cache, decode compiled); `full-kv8`, `full-kv4`, `stream50-kv4` (full
+heads in KIVI codes) and `quanto4` (transformers' QuantizedCache, optimum-quanto; its `kv_vs_min`
+is against duocal's 4-bit size). Decode is timed on a cache filled with random
 keys and values of the right shapes (decode cost does not depend on the values); prefill is one
 real forward pass, the fastest of `--prefill-runs` (the first compiles FlexAttention for a new
 shape; it is reported as prefill_first_s), skipped above `--max-prefill` and for compiled rows
@@ -52,7 +54,8 @@ def run_row(model, row: str, context: int, args) -> dict:
         result.update(decode_tok_s=tok_s, warmup_s=warm_s, decode_peak_mb=M.peak_mb(device), kv_bytes=R.kv_bytes(cache))
         seen = context + args.warmup + args.steps
         full = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())
-        result["kv_bytes_min"] = (plan or full).kv_bytes(seen, batch=1, dtype=next(model.parameters()).dtype)
+        reference = plan or (dr.with_kv_bits(full, 4) if row == "quanto4" else full)  # quanto: our 4-bit size
+        result["kv_bytes_min"] = reference.kv_bytes(seen, batch=1, dtype=next(model.parameters()).dtype)
         result["bytes_per_token"] = weight_bytes_read(model) + result["kv_bytes"]
     finally:
         if runtime is not None:
