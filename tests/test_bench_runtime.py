@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import duocal_runtime as dr
 from duocal_runtime.bench import rows as R
 from duocal_runtime.bench.__main__ import add_ratios, parse_args, rows_in_process
 
@@ -53,6 +54,18 @@ def test_quantized_rows_hold_their_analytic_bytes_and_name_their_plan():
     assert by_row["full-kv4"]["kv_vs_dynamic"] < by_row["full-kv8"]["kv_vs_dynamic"] < 0.6
     assert by_row["stream50-kv4"]["kv_bytes"] < by_row["full-kv4"]["kv_bytes"]
     assert R.kv_bits_of("stream50-kv4") == ("stream50", 4) and R.kv_bits_of("full") == ("full", 16)
+
+
+def test_max_context_table_multiplies_sparsity_and_bits(capsys):
+    from duocal_runtime.bench import max_context
+
+    max_context.main(["--shape", "tiny", "--kv-memory", "1GB", "--sparsity", "0,0.5", "--kv-bits", "16,4"])
+    lines = capsys.readouterr().out.splitlines()
+    cells = {tuple(line.split(" | ")[:2]): line.split(" | ")[2] for line in lines[2:]}
+    assert cells["16", "0%"].endswith("(1.0x)") and cells["16", "50%"].endswith("(2.0x)")
+    assert cells["4", "0%"].endswith("(3.2x)") and cells["4", "50%"].endswith("(6.4x)")
+    with pytest.raises(dr.PlanError, match="memory must be bytes"):
+        max_context.main(["--shape", "tiny", "--kv-memory", "1000 tokens"])
 
 
 def test_unknown_rows_and_shapes_are_refused(capsys):
