@@ -220,3 +220,10 @@ def test_static_and_paged_caches_refuse_quantized_plans():
             runtime.new_cache(max_length=64)
         with pytest.raises(dr.PlanError, match="continuous batching .* does not page yet"):
             model.generate_batch([[1, 2, 3]])
+
+
+@pytest.mark.parametrize("policy", [dr.Full(), dr.Full(kv_bits=8, group=8)], ids=["16-bit", "8-bit"])
+def test_full_groups_refuse_kept_ranks_whatever_their_width(policy):
+    group = policy.make_group([0, 1], 2)
+    with pytest.raises(ValueError, match="full heads keep every token"):
+        group.kept_ranks(0, 0)

@@ -161,6 +161,8 @@ class HeadGroup(ABC):
 
     def kept_ranks(self, row: int, head: int) -> set[int]:
         """Real-token ranks that KV head `head` (index within the group) of batch row `row` holds."""
+        if not self.policy.bounded:
+            raise ValueError("full heads keep every token; kept ranks are tracked for bounded heads")
         if self.rank is None:
             return set()
         rank = self.rank[row, head] if self.rank.ndim == 3 else self.rank[row]

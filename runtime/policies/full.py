@@ -96,9 +96,6 @@ class FullGroup(HeadGroup):
     def stored_tokens(self) -> int:
         return self.length
 
-    def kept_ranks(self, row, head):
-        raise ValueError("full heads keep every token; kept ranks are tracked for bounded heads")
-
     def decode(self, q, k, v, step):
         raise NotImplementedError("a dynamic full group has no static decode; make the cache with max_length")
 

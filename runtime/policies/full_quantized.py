@@ -40,15 +40,6 @@ class QuantizedFullGroup(HeadGroup):
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.state().values())
 
-    def kept_ranks(self, row, head):
-        raise ValueError("full heads keep every token; kept ranks are tracked for bounded heads")
-
-    def decode(self, q, k, v, step):
-        raise NotImplementedError(
-            "quantized full heads have no static cache yet; use a dynamic cache "
-            "(runtime.new_cache() without max_length)"
-        )
-
     def history(self) -> tuple[Q.QuantizedKV, Q.QuantizedKV] | None:
         if not self.quantized:
             return None
