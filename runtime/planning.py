@@ -69,8 +69,7 @@ class Plan:
             raise PlanError(f"plan table is {got[0]}x{got[1]}, model has {want[0]} layers x {want[1]} KV heads")
         object.__setattr__(self, "policies", table)
         for policy in {p for row in table for p in row}:
-            if hasattr(policy, "check_head_dim"):
-                policy.check_head_dim(self.shape.head_dim)
+            policy.check_head_dim(self.shape.head_dim)
 
     # --- what it does -------------------------------------------------------------------
     @property

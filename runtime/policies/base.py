@@ -87,6 +87,9 @@ class HeadPolicy(ABC):
         """Bytes one KV head holds (keys and values) after `seq_len` real tokens."""
         return 2 * self.tokens_kept(seq_len) * head_dim * dtype_bytes
 
+    def check_head_dim(self, head_dim: int) -> None:
+        """Raise `PlanError` if the policy cannot store heads of `head_dim` channels (all can, by default)."""
+
     def sizes(self) -> dict[str, int]:
         """The policy's size fields by name (what profiles and plans store)."""
         return asdict(self)
