@@ -71,10 +71,19 @@ def passkey(
     protocol: Annotated[
         str,
         typer.Option(
-            help="query-aware (question prefilled with the context), query-agnostic (context prefilled alone, the "
-            "question asked after it on a copy of the cache), or both."
+            help="query-aware (question prefilled with the context), query-agnostic (context prefilled alone, each "
+            "question asked after it on its own copy of the cache), multi-turn (context prefilled alone, the questions "
+            "asked one after another on that one cache, after the model's own answers; needs --questions all), both "
+            "(the first two) or all."
         ),
     ] = "query-aware",
+    questions: Annotated[
+        str,
+        typer.Option(
+            help="one (each sample asks for one of its passkeys) or all (for every one, in turn; query-aware "
+            "prompts hold the earlier questions with their correct answers)."
+        ),
+    ] = "one",
     kv_bits: KvBitsOpt = "16",
     as_json: JsonOpt = False,
     plot: Annotated[
@@ -123,6 +132,7 @@ def passkey(
             format=passkey_format or ref.passkey_format,
             haystack=haystack,
             protocol=protocol,
+            questions=questions,
             kv_bits=tuple(split(kv_bits, int, "kv-bits")),
             **({} if passkeys is None else {"num_passkeys": passkeys}),
         )

@@ -63,6 +63,7 @@ class Answer:
     start: int
     end: int
     ids: tuple[int, ...]
+    asked_at: int  # the first token of its question (the answer's start - 1 at the latest)
 
     @property
     def predict_positions(self) -> range:
@@ -230,7 +231,7 @@ class PasskeyGenerator:
                     f"the tokenizer writes the value {values[i]!r} as different tokens in the needle and in the "
                     "answer, so it cannot be retrieved by copying: change the format's text around {value}"
                 )
-            answers.append(Answer(needle, at + a, at + b, answer))
+            answers.append(Answer(needle, at + a, at + b, answer, at))
         assert len(ids) == length, (len(ids), length)
         labels = [IGNORE_INDEX] * length
         for answer in answers:

@@ -11,15 +11,13 @@ end of generation, per sequence, including the slack of growing full-head buffer
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
-
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator, PasskeySample
-from duocal.data.padding import pad_batch, pad_token_id
+from duocal.data.padding import pad_token_id
 from duocal.demo import DEMO_PASSKEY_FORMAT
 from duocal.eval.row_kinds import (
     Progress,
@@ -36,7 +34,7 @@ from duocal.eval.row_kinds import (
 )
 from duocal_runtime.hf_compat import check_model_supported
 
-from .protocols import answer_after_the_context, protocols_of, question_start
+from .protocols import ASK_AFTER, Work, greedy_answers, make_batches, protocols_of
 
 # Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
 EVAL_SEED = 7777
@@ -59,7 +57,8 @@ class PasskeyEvalConfig:
     format: str = DEMO_PASSKEY_FORMAT
     num_passkeys: int | tuple[int, int] = (1, 6)
     haystack: Any = "synthetic"
-    protocol: str = "query-aware"  # or query-agnostic (the question after the context), or both (protocols.py)
+    protocol: str = "query-aware"  # or query-agnostic / multi-turn (the questions after the context), both, all
+    questions: str = "one"  # "one" of each sample's passkeys, or "all" of them, one after another
     kv_bits: tuple[int, ...] = (16,)  # widths of full heads' keys and values, one row each (16, 8, 4)
 
     def __post_init__(self):
@@ -70,7 +69,10 @@ class PasskeyEvalConfig:
         set_("kv_bits", tuple(self.kv_bits))
         check_rows(self.rows, self.sparsities)
         check_kv_bits(self.kv_bits)
-        protocols_of(self.protocol)
+        if self.questions not in ("one", "all"):
+            raise ValueError(f"questions must be 'one' or 'all', got {self.questions!r}")
+        if "multi-turn" in protocols_of(self.protocol) and self.questions == "one":
+            raise ValueError("the multi-turn protocol asks several questions in sequence: add questions='all'")
         if not self.contexts or any(c < 1 for c in self.contexts):
             raise ValueError(f"contexts must be positive token counts, got {list(self.contexts)}")
         for name in ("samples", "random_seeds", "batch_size"):
@@ -92,7 +94,7 @@ class PasskeyRow:
     row: str
     context: int
     sparsity: float  # requested fraction of non-full KV heads (0 for full, 1 for streaming)
-    exact_match: float  # mean over samples (and seeds, for random)
+    exact_match: float  # mean over questions (and seeds, for random)
     kv_bytes: int  # analytic, at `context` tokens, batch 1, model dtype (mean over seeds for random)
     kv_bytes_measured: int  # held by the cache at the end of generation, per sequence
     kv_bytes_full: int
@@ -104,6 +106,7 @@ class PasskeyRow:
     seconds: float
     protocol: str = "query-aware"
     kv_bits: int = 16  # how full heads stored keys and values
+    questions: int | None = None  # questions asked in all (several per sample with questions="all")
     seeds: list[int] | None = None  # random only
     per_seed: list[float] | None = None
     min: float | None = None
@@ -113,15 +116,6 @@ class PasskeyRow:
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
         return {**data, "policy": self.row, **self.extra}  # "policy": the row's old key, kept for one release
-
-
-@dataclass(frozen=True)
-class Batch:
-    input_ids: torch.Tensor  # [B, T] left-padded prompts
-    attention_mask: torch.Tensor  # [B, T]
-    answers: tuple[tuple[int, ...], ...]
-    prompts: tuple[tuple[int, ...], ...] = ()  # unpadded, for the query-agnostic protocol
-    contexts: tuple[int, ...] = ()  # tokens before each prompt's question
 
 
 # --- checks ---------------------------------------------------------------------------------
@@ -143,7 +137,7 @@ def passkey_generator(tokenizer, context: int, config: PasskeyEvalConfig) -> Pas
         tokenizer,
         context_length=context,
         num_passkeys=config.num_passkeys,
-        questions="one",
+        questions=config.questions,
         haystack=config.haystack,
         format=config.format,
         seed=config.seed,
@@ -154,67 +148,41 @@ def make_samples(tokenizer, context: int, config: PasskeyEvalConfig) -> list[Pas
     return list(passkey_generator(tokenizer, context, config).samples(config.samples))
 
 
-def make_batches(samples: Sequence[PasskeySample], batch_size: int, pad_id: int) -> list[Batch]:
-    out = []
-    for i in range(0, len(samples), batch_size):
-        chunk = samples[i : i + batch_size]
-        ids, mask = pad_batch([s.prompt_ids for s in chunk], pad_id, left=True)
-        prompts, contexts = tuple(s.prompt_ids for s in chunk), tuple(question_start(s) for s in chunk)
-        out.append(Batch(ids, mask.long(), tuple(s.answer_ids for s in chunk), prompts, contexts))
-    return out
+def make_work(tokenizer, context: int, config: PasskeyEvalConfig, pad_id: int) -> Work:
+    samples = tuple(make_samples(tokenizer, context, config))
+    return Work(samples, tuple(make_batches(samples, config.batch_size, pad_id)))
 
 
 # --- running --------------------------------------------------------------------------------
-@torch.no_grad()
-def greedy_answers(model, runtime: dr.Runtime, batch: Batch, pad_id: int) -> tuple[list[tuple[int, ...]], int]:
-    """Greedy continuations (as long as each answer) through the runtime's cache, and its bytes."""
-    cache = runtime.new_cache()
-    out = model.generate(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        cache=cache,
-        do_sample=False,
-        max_new_tokens=max(len(a) for a in batch.answers),
-        pad_token_id=pad_id,
-    )
-    new = out[:, batch.input_ids.shape[1] :].tolist()  # [B, new tokens]
-    return [tuple(row[: len(a)]) for row, a in zip(new, batch.answers)], cache.kv_bytes()
-
-
-def answers_after_the_context(model, runtime: dr.Runtime, batch: Batch) -> tuple[list[tuple[int, ...]], int]:
-    """The query-agnostic protocol, one sample at a time: (answers, most bytes one sequence held x rows)."""
-    runs = [
-        answer_after_the_context(model, runtime, p, c, len(a))
-        for p, c, a in zip(batch.prompts, batch.contexts, batch.answers)
-    ]
-    return [run[0] for run in runs], max(run[1] for run in runs) * len(runs)
-
-
 def run_plan(
     model,
     plan: dr.Plan,
-    batches: Sequence[Batch],
+    work: Work,
     pad_id: int,
     tick: Callable[[int], None] = lambda n: None,
     protocol: str = "query-aware",
 ) -> tuple[list[bool], int]:
-    """Exact match per sample, and the most KV bytes one sequence held (measured)."""
+    """Exact match per question, and the most KV bytes one sequence held (measured)."""
     hits: list[bool] = []
     measured = 0
     with dr.apply(model, plan) as runtime:
-        for batch in batches:
-            if protocol == "query-agnostic":
-                answers, nbytes = answers_after_the_context(model, runtime, batch)
-            else:
+        if protocol == "query-aware":
+            for batch in work.batches:
                 answers, nbytes = greedy_answers(model, runtime, batch, pad_id)
-            hits += [got == want for got, want in zip(answers, batch.answers)]
-            measured = max(measured, nbytes // len(batch.answers))
-            tick(len(batch.answers))
+                hits += [got == want for got, want in zip(answers, batch.answers)]
+                measured = max(measured, nbytes // len(batch.answers))
+                tick(len(batch.answers))
+        else:
+            for sample in work.samples:
+                asked = ASK_AFTER[protocol](model, runtime, sample)
+                hits += [got == want.ids for got, want in zip(asked.answers, sample.answers)]
+                measured = max(measured, asked.kv_bytes)
+                tick(len(sample.answers))
     return hits, measured
 
 
 def passkey_row(
-    row: RowPlans, context: int, results: list[tuple[list[bool], int]], dtype: Any, seconds: float, protocol: str
+    row: RowPlans, context: int, results: list[tuple[list[bool], int]], dtype: Any, seconds: float, protocol: str, work
 ) -> PasskeyRow:
     plans = row.plans
     full_bytes = dr.uniform_plan(plans[0].shape, dr.Full()).kv_bytes(context, 1, dtype)
@@ -229,13 +197,14 @@ def passkey_row(
         kv_bytes_measured=max(m for _, m in results),
         kv_bytes_full=full_bytes,
         fraction_of_full=kv_bytes / full_bytes,
-        samples=len(results[0][0]),
+        samples=len(work.samples),
         bounded_heads=plans[0].num_bounded,
         num_heads=plans[0].num_heads,
         head_policy=head_policy(plans[0]),
         seconds=round(seconds, 2),
         protocol=protocol,
         kv_bits=row.kv_bits,
+        questions=work.questions if work.questions != len(work.samples) else None,
     )
     if row.seeds is not None:
         out.seeds, out.per_seed = list(row.seeds), accuracies
@@ -263,13 +232,11 @@ def evaluate_passkey(
     pad_id = pad_token_id(tokenizer, model.config)
     work = []
     for context in config.contexts:
-        batches = make_batches(make_samples(tokenizer, context, config), config.batch_size, pad_id)
+        asked = make_work(tokenizer, context, config, pad_id)
         inputs = RowInputs(shape, context, window, profile, config.random_seeds)
-        work += [
-            (context, r, batches) for r in build_rows(config.rows, config.sparsities, inputs, plans, config.kv_bits)
-        ]
+        work += [(context, r, asked) for r in build_rows(config.rows, config.sparsities, inputs, plans, config.kv_bits)]
     protocols = protocols_of(config.protocol)
-    total = sum(len(v.plans) for _, v, _ in work) * config.samples * len(protocols)
+    total = sum(len(v.plans) * w.questions for _, v, w in work) * len(protocols)
     done = 0
 
     def tick(n: int) -> None:
@@ -279,12 +246,12 @@ def evaluate_passkey(
             progress(done, total, label)
 
     rows = []
-    for (context, row, batches), protocol in ((w, p) for w in work for p in protocols):
+    for (context, row, asked), protocol in ((w, p) for w in work for p in protocols):
         label = f"{row.label}, {context} tokens, {protocol}"
         tick(0)
         started = time.perf_counter()
-        results = [run_plan(model, plan, batches, pad_id, tick, protocol) for plan in row.plans]
-        rows.append(passkey_row(row, context, results, dtype, time.perf_counter() - started, protocol))
+        results = [run_plan(model, plan, asked, pad_id, tick, protocol) for plan in row.plans]
+        rows.append(passkey_row(row, context, results, dtype, time.perf_counter() - started, protocol, asked))
         if hasattr(progress, "row"):  # the CLI's progress prints each row as it finishes
             r = rows[-1]
             progress.row(

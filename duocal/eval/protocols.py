@@ -1,47 +1,145 @@
-"""When the question is asked: with the context (query-aware) or after it (query-agnostic).
+"""When the questions are asked: with the context (query-aware) or after it (query-agnostic, multi-turn).
 
 `query-aware` prefills context + question together, as most KV-cache evaluations do; it favours
-policies that choose what to keep by the question (SnapKV, H2O). `query-agnostic` prefills the
-context alone through the cache, so its policies evict knowing nothing of the question, then asks
-the question as a follow-up on a copy of that compressed cache (each question on its own copy), as a
-served long document or chat is asked. DuoAttention's head split does not depend on the query.
+policies that choose what to keep by the question (SnapKV, H2O). The two others prefill the context
+alone through the cache, so its policies evict knowing nothing of the questions, as a served long
+document or chat is asked. `query-agnostic` then asks every question on its own copy of that
+compressed cache; `multi-turn` asks them one after another on the one cache, each after the model's
+own earlier answers (a conversation: every turn's question and answer stay in the cache, and
+evicting policies keep evicting while it grows). DuoAttention's head split does not depend on the query.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from duocal.data import PasskeySample
+from duocal.data.padding import pad_batch
 from duocal.data.passkey import TokenKind
 
-PROTOCOLS = ("query-aware", "query-agnostic")
-CHOICES = (*PROTOCOLS, "both")
+PROTOCOLS = ("query-aware", "query-agnostic", "multi-turn")
+CHOICES = (*PROTOCOLS, "both", "all")  # both: query-aware and query-agnostic; all: the three
+SINGLE_QUESTION = ("query-aware", "query-agnostic", "both")  # for tasks that ask one question per context
 
 
-def protocols_of(choice: str) -> tuple[str, ...]:
-    if choice not in CHOICES:
-        raise ValueError(f"unknown protocol {choice!r}; choose one of {', '.join(CHOICES)}")
-    return PROTOCOLS if choice == "both" else (choice,)
+def protocols_of(choice: str, choices: tuple[str, ...] = CHOICES) -> tuple[str, ...]:
+    if choice not in choices:
+        raise ValueError(f"unknown protocol {choice!r}; choose one of {', '.join(choices)}")
+    return {"both": PROTOCOLS[:2], "all": PROTOCOLS}.get(choice, (choice,))
 
 
 def question_start(sample: PasskeySample) -> int:
-    """The first token of the question: everything before it is the context."""
+    """The first token of the first question: everything before it is the context."""
     return next(i for i, kind in enumerate(sample.kinds) if kind == TokenKind.QUESTION)
 
 
+@dataclass(frozen=True)
+class Batch:
+    """Questions asked with their context (query-aware): each prompt holds the earlier questions
+    of its sample with their correct answers."""
+
+    input_ids: torch.Tensor  # [B, T] left-padded prompts
+    attention_mask: torch.Tensor  # [B, T]
+    answers: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Work:
+    """One context's samples, and the same questions in batches for the query-aware protocol."""
+
+    samples: tuple[PasskeySample, ...]
+    batches: tuple[Batch, ...]
+
+    @property
+    def questions(self) -> int:
+        return sum(len(s.answers) for s in self.samples)
+
+
+def make_batches(samples: Sequence[PasskeySample], batch_size: int, pad_id: int) -> list[Batch]:
+    asks = [(s.prompt(i), a.ids) for s in samples for i, a in enumerate(s.answers)]
+    out = []
+    for i in range(0, len(asks), batch_size):
+        chunk = asks[i : i + batch_size]
+        ids, mask = pad_batch([prompt for prompt, _ in chunk], pad_id, left=True)
+        out.append(Batch(ids, mask.long(), tuple(answer for _, answer in chunk)))
+    return out
+
+
 @torch.no_grad()
-def answer_after_the_context(model, runtime, prompt: tuple[int, ...], context: int, new: int):
-    """Prefill `prompt[:context]` alone, then generate `new` tokens for the whole prompt on a copy of
-    that cache (the question's tokens are its first pass). Returns (new tokens, the copy's bytes,
-    the tokens the context's cache had seen)."""
-    device = next(model.parameters()).device
+def greedy_answers(model, runtime, batch: Batch, pad_id: int) -> tuple[list[tuple[int, ...]], int]:
+    """Greedy continuations (as long as each answer) through the runtime's cache, and its bytes."""
     cache = runtime.new_cache()
-    model(input_ids=torch.tensor([prompt[:context]], device=device), cache=cache, logits_to_keep=1)
-    seen = int(cache.get_seq_length())
-    asked = copy.deepcopy(cache)  # each question gets its own copy of the compressed context
     out = model.generate(
-        input_ids=torch.tensor([prompt], device=device), cache=asked, max_new_tokens=new, do_sample=False
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        cache=cache,
+        do_sample=False,
+        max_new_tokens=max(len(a) for a in batch.answers),
+        pad_token_id=pad_id,
     )
-    return tuple(out[0, len(prompt) :].tolist()), asked.kv_bytes(), seen
+    new = out[:, batch.input_ids.shape[1] :].tolist()  # [B, new tokens]
+    return [tuple(row[: len(a)]) for row, a in zip(new, batch.answers)], cache.kv_bytes()
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What asking a sample's questions after its context gave."""
+
+    answers: list[tuple[int, ...]]  # one per question, as long as its expected answer (or shorter at EOS)
+    kv_bytes: int  # the most bytes the cache (or one copy) held
+    seen: list[int]  # tokens the cache had seen when each question came
+
+
+def prefill(model, runtime, ids) -> object:
+    cache = runtime.new_cache()
+    model(input_ids=torch.tensor([list(ids)], device=next(model.parameters()).device), cache=cache, logits_to_keep=1)
+    return cache
+
+
+def greedy(model, ids, cache, new: int) -> tuple[int, ...]:
+    """`new` greedy tokens after `ids` on `cache` (which has seen a prefix of `ids`)."""
+    out = model.generate(
+        input_ids=torch.tensor([list(ids)], device=next(model.parameters()).device),
+        cache=cache,
+        max_new_tokens=new,
+        do_sample=False,
+    )
+    return tuple(out[0, len(ids) :].tolist())
+
+
+@torch.no_grad()
+def answers_on_copies(model, runtime, sample: PasskeySample) -> Asked:
+    """The query-agnostic protocol: the context's cache once, each question on its own copy of it."""
+    context = sample.input_ids[: question_start(sample)]
+    cache = prefill(model, runtime, context)
+    seen, answers, nbytes = int(cache.get_seq_length()), [], 0
+    for answer in sample.answers:
+        asked = copy.deepcopy(cache)
+        answers.append(
+            greedy(model, context + sample.input_ids[answer.asked_at : answer.start], asked, len(answer.ids))
+        )
+        nbytes = max(nbytes, asked.kv_bytes())
+    return Asked(answers, nbytes, [seen] * len(answers))
+
+
+@torch.no_grad()
+def answers_in_turns(model, runtime, sample: PasskeySample) -> Asked:
+    """The multi-turn protocol: the context's cache, then every question in order on that one cache,
+    each after the model's own earlier answers (the sample's text between answers is each turn)."""
+    ids = list(sample.input_ids[: question_start(sample)])
+    cache = prefill(model, runtime, ids)
+    answers, seen, turn_start = [], [], len(ids)
+    for answer in sample.answers:
+        seen.append(int(cache.get_seq_length()))
+        ids += sample.input_ids[turn_start : answer.start]
+        answers.append(greedy(model, ids, cache, len(answer.ids)))
+        ids += answers[-1]
+        turn_start = answer.end
+    return Asked(answers, cache.kv_bytes(), seen)
+
+
+ASK_AFTER = {"query-agnostic": answers_on_copies, "multi-turn": answers_in_turns}

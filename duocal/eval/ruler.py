@@ -37,7 +37,7 @@ from duocal.eval.row_kinds import (
 )
 
 from . import ruler_tasks as T
-from .protocols import protocols_of
+from .protocols import SINGLE_QUESTION, protocols_of
 
 DEFAULT_ROWS = ("full", "duo", "h2o", "snapkv")
 MAX_NEW_TOKENS = 128  # the most any RULER task generates (niah): the room a prompt needs in the model's positions
@@ -64,7 +64,7 @@ class RulerConfig:
         set_("contexts", tuple(int(c) for c in self.contexts))
         check_rows(self.rows, self.sparsities)
         T.check_task_names(self.tasks)
-        protocols_of(self.protocol)
+        protocols_of(self.protocol, SINGLE_QUESTION)  # RULER asks one question per prompt: no multi-turn
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"tasks must be distinct RULER task names, got {list(self.tasks)}")
         if not self.contexts or any(c < 256 for c in self.contexts):
@@ -202,7 +202,7 @@ def haystack_of(config: RulerConfig) -> Path:
 
 def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) -> list[RulerRow]:
     shape = dr.shape_of_config(model.config)
-    protocols = protocols_of(config.protocol)
+    protocols = protocols_of(config.protocol, SINGLE_QUESTION)
     planned = {
         c: build_rows(
             config.rows, config.sparsities, RowInputs(shape, c, config.window(profile), profile, config.random_seeds)

@@ -17,12 +17,14 @@ from duocal.eval.row_kinds import ROWS
 from duocal.units import human_bytes
 from duocal_runtime.atomic import check_output, write_atomic
 
+PROTOCOL_MARKS = {"query-aware": "", "query-agnostic": " (q after)", "multi-turn": " (turns)"}
+
 
 def row_name(row) -> str:
-    """The row kind, marked with its KV bits below 16 and when the question came after the context
-    (the query-agnostic protocol)."""
+    """The row kind, marked with its KV bits below 16 and when the questions came after the context
+    (query-agnostic: each on a copy of the context's cache; multi-turn: in turn on one cache)."""
     name = row.row + (f" kv{row.kv_bits}" if getattr(row, "kv_bits", 16) != 16 else "")
-    return name if getattr(row, "protocol", "query-aware") == "query-aware" else f"{name} (q after)"
+    return name + PROTOCOL_MARKS[getattr(row, "protocol", "query-aware")]
 
 
 def exact_match_text(row: PasskeyRow) -> str:
@@ -81,6 +83,7 @@ def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, tit
         table.add_column(name, justify=justify, no_wrap=True)
     for row in rows:
         samples = f"{row.samples}x{len(row.seeds)}" if row.seeds else str(row.samples)
+        samples += f" ({row.questions} q)" if getattr(row, "questions", None) else ""
         table.add_row(
             row_name(row),
             str(row.context),
