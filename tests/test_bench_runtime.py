@@ -105,3 +105,34 @@ def test_first_call_benchmark_runs_each_row_in_a_fresh_process(tmp_path, capsys)
     assert "plain" in table and "1.00x" in table and "duo50" in table
     with pytest.raises(SystemExit):
         first_call.main(["--model", "m", "--profile", "p", "--rows", "plain,turbo"])
+
+
+@pytest.mark.slow
+def test_serving_benchmark_serves_every_request_and_keeps_each_row_it_measured(tmp_path, capsys):
+    """A tiny saved Llama through transformers' continuous batching: every request's tokens come back,
+    duo rows hold fewer bytes per request than plain, and the JSON is written after each row."""
+    import duocal_runtime as dr
+    from duocal_runtime.bench import serving
+
+    from helpers import random_profile
+    from runtime_models import tiny_model
+
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "model")
+    shape = dr.shape_of_config(model.config)
+    profile = random_profile(
+        shape.num_hidden_layers, shape.num_key_value_heads, shape.num_attention_heads, shape.head_dim
+    )
+    dr.save_profile(profile.with_deploy(dr.SinkWindow(4, 16)), tmp_path / "p.json")
+    out = tmp_path / "serving.json"
+    args = ["--model", str(tmp_path / "model"), "--profile", str(tmp_path / "p.json"), "--requests", "4"]
+    serving.main([*args, "--prompt", "64:96", "--new", "2:4", "--rows", "plain,duo75", "--out", str(out)])
+    data = json.loads(out.read_text())
+    rows = {r["row"]: r for r in data["rows"]}
+    news = [r.new for r in serving.workload(4, (64, 96), (2, 4), "burst", model.config.vocab_size)]
+    assert set(rows) == {"plain", "duo75"} and all(r["output_tokens"] == sum(news) for r in rows.values())
+    assert 0 < rows["duo75"]["kv_bytes_per_request"] < rows["plain"]["kv_bytes_per_request"]
+    assert all(1 <= r["held_max"] <= 4 and r["tok_per_s"] > 0 for r in rows.values())
+    assert "duo75" in capsys.readouterr().out
+    with pytest.raises(IsADirectoryError):  # an output that cannot be written is refused before any work
+        serving.main([*args, "--out", str(tmp_path)])

@@ -12,7 +12,9 @@ from duocal.cli.app import app
 from duocal.demo import DEMO_MODEL_DIR
 from duocal.models import load_model, load_tokenizer
 from duocal.profiling import ProfilerConfig, profile_model
-from duocal.profiling.profiler import sequences
+from duocal.profiling.attention_stats import recording
+from duocal.profiling.head_scores import selected_by_passes, snapkv_kept
+from duocal.profiling.profiler import observation_windows, recorded_rows, sequences
 from duocal_runtime.profile_measurements import Measurement
 
 from helpers import random_profile
@@ -61,8 +63,9 @@ def test_profiler_scores_equal_a_dense_reference_by_hand():
     sink_h2o = config.policies()[2]
     want = {"retrieval": 0, "kept": 0}
     samples = list(sequences(tokenizer, config))
-    for ids, rows, spans in samples:
-        ref = reference_measures(model, ids, rows, spans, (sink_h2o.sink, sink_h2o.heavy, sink_h2o.recent), 2)
+    for seq in samples:
+        sizes = (sink_h2o.sink, sink_h2o.heavy, sink_h2o.recent)
+        ref = reference_measures(model, seq.ids, seq.rows, seq.spans, sizes, 2)
         want = {k: want[k] + torch.tensor(ref[k], dtype=torch.float64) / len(samples) for k in want}
     got_retrieval = torch.tensor(result.measurements["retrieval"].scores, dtype=torch.float64)
     got_kept = torch.tensor(result.measurements["kept:sink_h2o"].scores, dtype=torch.float64)
@@ -84,7 +87,59 @@ def test_profiler_finds_the_demo_models_retrieval_heads_deterministically():
         "kept:sink_window",
         "kept:h2o",
         "kept:sink_h2o",
+        "kept:snapkv",
     }
+
+
+def snapkv_setup(protocol: str):
+    model = tiny_model("llama")
+    tokenizer = load_tokenizer(DEMO_MODEL_DIR)
+    model.resize_token_embeddings(max(97, len(tokenizer)), mean_resizing=False)
+    config = ProfilerConfig(
+        format="demo", contexts=(160,), samples=1, num_passkeys=2, sink=3, recent=20, protocol=protocol
+    )
+    (seq,) = sequences(tokenizer, config)
+    policy = config.policies()[-1]
+    with recording(model, recorded_rows(seq, [policy])) as stats:
+        model(input_ids=torch.tensor([seq.ids]), use_cache=False)
+    position = {q: a for a, q in enumerate(recorded_rows(seq, [policy]))}
+    mass = {  # layer 0: the window queries' attention summed over each group's query heads
+        end: stats.layers[0].rows[:, [position[q] for q in window]].sum(1).unflatten(0, (2, -1)).sum(1)
+        for end, window in observation_windows(seq, [policy]).items()
+    }
+    return model, seq, policy, mass
+
+
+def test_snapkv_kept_set_is_what_the_runtime_holds_after_the_prompt():
+    model, seq, policy, mass = snapkv_setup("query-aware")
+    assert isinstance(policy, dr.SnapKV) and seq.pass_ends == (seq.rows[0] + 1,)
+    (end,), last = seq.pass_ends, seq.rows[-1]
+    assert last > end  # the answer's later rows are decode steps
+    held = selected_by_passes(policy, seq.pass_ends, mass)
+    after = snapkv_kept(policy, last, held, end)  # decode: the selection stays, the window slides
+    with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), policy)) as runtime:
+        cache = runtime.new_cache()
+        model(input_ids=torch.tensor([seq.ids[:end]]), cache=cache)
+        prefilled = cache.layers[0].groups[0].rank[0].clone()  # layer 0 sees the same inputs with or without the plan
+        for token in seq.ids[end : last + 1]:
+            model(input_ids=torch.tensor([[token]]), cache=cache)
+    decoded = cache.layers[0].groups[0].rank[0]
+    for g in range(2):
+        assert set(prefilled[g][prefilled[g] >= 0].tolist()) == set(held[g].nonzero().flatten().tolist())
+        assert set(decoded[g][decoded[g] >= 0].tolist()) == set(after[g].nonzero().flatten().tolist())
+    assert int(held.sum(-1).max()) == int(after.sum(-1).max()) == policy.selected + policy.window
+
+
+def test_snapkv_after_the_context_selects_again_among_what_it_still_holds():
+    model, seq, policy, mass = snapkv_setup("query-agnostic")
+    context_end, prompt_end = seq.pass_ends
+    assert context_end < prompt_end == seq.rows[0] + 1
+    first = selected_by_passes(policy, seq.pass_ends[:1], mass)
+    second = selected_by_passes(policy, seq.pass_ends, mass)
+    keys = torch.arange(second.shape[-1])
+    question = (keys >= context_end) & (keys < prompt_end)
+    assert not (second & ~(first | question)).any()  # nothing evicted comes back
+    assert int(second.sum(-1).max()) == policy.selected + policy.window
 
 
 def test_cli_profile_writes_a_profile_with_measurements_and_refuses_bad_input(tmp_path):
@@ -187,3 +242,25 @@ def test_rank_correlation_and_compare_cli(tmp_path):
     assert out.exit_code == 0, out.output
     result = json.loads(out.output)
     assert result["spearman"] < -0.9 and result["top_overlap"] == 0 and result["heads"] == 16
+
+
+def test_a_mix_with_snapkv_is_planned_by_its_measured_kept_share_in_each_protocol():
+    from duocal.eval.row_kinds import check_mix_policies, mix_plan
+
+    model, tokenizer = load_model(DEMO_MODEL_DIR), load_tokenizer(DEMO_MODEL_DIR)
+    measured = {}
+    for protocol in ("query-aware", "query-agnostic"):
+        config = ProfilerConfig(format="demo", contexts=(512,), samples=4, sink=16, recent=64, protocol=protocol)
+        measured[protocol] = profile_model(model, tokenizer, config)
+        kept = measured[protocol].measurements["kept:snapkv"]
+        assert kept.settings["protocol"] == protocol and kept.settings["policy"]["window"] == 20
+    aware, agnostic = (torch.tensor(measured[p].measurements["kept:snapkv"].scores) for p in measured)
+    assert aware.mean() > agnostic.mean()  # selecting before the question keeps less of what the answer reads
+    for profile in measured.values():
+        plan = mix_plan(profile, tokens=16 * 300, context=512, policies=("full", "sink_window", "snapkv"))
+        counts = plan.choice["policy_counts"]
+        assert set(counts) == {"full", "sink_window", "snapkv"} and sum(counts.values()) == 16
+        assert plan.kv_tokens(512) <= 16 * 300
+    for bad in (("sink_window", "h2o"), ("full",), ("full", "turbo"), ("full", "h2o", "h2o")):
+        with pytest.raises(ValueError, match="mix policies"):
+            check_mix_policies(bad)

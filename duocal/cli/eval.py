@@ -12,6 +12,7 @@ import typer
 from .options import (
     JsonOpt,
     KvBitsOpt,
+    MixPoliciesOpt,
     ModelOpt,
     PoliciesOpt,
     ProfileOpt,
@@ -85,6 +86,7 @@ def passkey(
         ),
     ] = "one",
     kv_bits: KvBitsOpt = "16",
+    mix_policies: MixPoliciesOpt = "full,sink_window,h2o",
     as_json: JsonOpt = False,
     plot: Annotated[
         Optional[Path],
@@ -134,6 +136,7 @@ def passkey(
             protocol=protocol,
             questions=questions,
             kv_bits=tuple(split(kv_bits, int, "kv-bits")),
+            mix_policies=tuple(split(mix_policies, str, "mix-policies")),
             **({} if passkeys is None else {"num_passkeys": passkeys}),
         )
         tokenizer = ref.load_tokenizer()

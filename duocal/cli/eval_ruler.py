@@ -11,6 +11,7 @@ import typer
 from .eval import eval_app, model_and_profile
 from .options import (
     JsonOpt,
+    MixPoliciesOpt,
     ModelOpt,
     ProfileOpt,
     RandomSeedsOpt,
@@ -62,15 +63,27 @@ def ruler(
         Optional[Path],
         typer.Option(help="Plain text for the essay tasks (*_local; default: the GPL-3.0 text in duocal/assets)."),
     ] = None,
+    mix_policies: MixPoliciesOpt = "full,sink_window,h2o",
     as_json: JsonOpt = False,
 ):
     """RULER (arXiv 2404.06654) as lm-evaluation-harness builds and scores it, through the per-head cache:
     the six tasks lm-eval runs offline as they are, and the five essay-haystack tasks on a local text
     (named *_local). The two QA tasks download their data and are skipped."""
     with user_errors(), json_only_stdout(as_json):
-        config, ref, loaded = ruler_config(
-            model, profile, tasks, contexts, samples, sparsity, rows, sink, recent, random_seeds, protocol, haystack
+        options = dict(
+            tasks=tuple(split(tasks, str, "tasks")),
+            rows=tuple(split(rows, str, "rows")),
+            sparsities=tuple(split(sparsity, float, "sparsity")),
+            contexts=tuple(split(contexts, int, "contexts")),
+            samples=samples,
+            sink=sink,
+            recent=recent,
+            random_seeds=random_seeds,
+            protocol=protocol,
+            haystack=haystack,
+            mix_policies=tuple(split(mix_policies, str, "mix-policies")),
         )
+        config, ref, loaded = ruler_config(model, profile, options)
         results = run_ruler(config, ref, loaded)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
@@ -85,27 +98,17 @@ def ruler(
         )
 
 
-def ruler_config(model, profile, tasks, contexts, samples, sparsity, rows, sink, recent, seeds, protocol, haystack):
+def ruler_config(model, profile, options: dict):
+    """The checked RulerConfig of the command's options, the model's reference and the loaded profile."""
     from duocal.eval.row_kinds import require_profile
     from duocal.eval.ruler import RulerConfig, check_contexts
 
     ref, loaded = model_and_profile(model, profile)
-    config = RulerConfig(
-        tasks=tuple(split(tasks, str, "tasks")),
-        rows=tuple(split(rows, str, "rows")),
-        sparsities=tuple(split(sparsity, float, "sparsity")),
-        contexts=tuple(split(contexts, int, "contexts")),
-        samples=samples,
-        sink=sink,
-        recent=recent,
-        random_seeds=seeds,
-        protocol=protocol,
-        haystack=haystack,
-    )
-    if haystack is not None:
+    config = RulerConfig(**options)
+    if config.haystack is not None:
         from duocal_runtime.regular_files import read_text
 
-        read_text(haystack, "--haystack")  # a clear error now, not inside lm-eval
+        read_text(config.haystack, "--haystack")  # a clear error now, not inside lm-eval
     model_config = ref.load_config()
     require_profile(config.rows, loaded, model_config)
     check_contexts(config, model_config)

@@ -34,6 +34,10 @@ RowsOpt = Annotated[
         "profile also not duo)."
     ),
 ]
+MixPoliciesOpt = Annotated[
+    str,
+    typer.Option(help="What the mix row chooses among per head, by the profile's measurements (full and others)."),
+]
 PoliciesOpt = Annotated[Optional[str], typer.Option(hidden=True, help="Old name of --rows (deprecated).")]
 SinkOpt = Annotated[Optional[int], typer.Option(help="Sink tokens of sink-window heads (default: the profile's).")]
 RecentOpt = Annotated[Optional[int], typer.Option(help="Recent tokens of sink-window heads (default: the profile's).")]

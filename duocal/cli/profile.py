@@ -60,9 +60,16 @@ def profile_command(
         Optional[str],
         typer.Option(help="Keep the scores of this profile (e.g. calibrated gates) and add the measurements to them."),
     ] = None,
+    protocol: Annotated[
+        str,
+        typer.Option(
+            help="When the question comes, for snapkv's kept share: query-aware (in the prompt) or query-agnostic "
+            "(after the context: snapkv selects at the context's end, then again at the question's)."
+        ),
+    ] = "query-aware",
 ):
     """Measure every (layer, KV head) from the model's own attention: retrieval score and the share
-    of attention a sink window, H2O and sink + H2O would keep. Writes a version-2 profile whose
+    of attention a sink window, H2O, sink + H2O and SnapKV would keep. Writes a version-2 profile whose
     scores rank heads like calibrated gates and whose measurements feed mixed plans."""
     import duocal_runtime as dr
     from duocal.models import ModelRef
@@ -90,6 +97,7 @@ def profile_command(
             seed=seed,
             sink=default_sink if sink is None else sink,
             recent=default_recent if recent is None else recent,
+            protocol=protocol,
         )
         check_contexts_fit(config, ref.load_config())  # before the weights load
         lm = ref.load_model()

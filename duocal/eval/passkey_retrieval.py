@@ -20,11 +20,13 @@ from duocal.data import PasskeyGenerator, PasskeySample
 from duocal.data.padding import pad_token_id
 from duocal.demo import DEMO_PASSKEY_FORMAT
 from duocal.eval.row_kinds import (
+    MIX_POLICIES,
     Progress,
     RowInputs,
     RowPlans,
     build_rows,
     check_kv_bits,
+    check_mix_policies,
     check_rows,
     default_rows,
     head_policy,
@@ -60,6 +62,7 @@ class PasskeyEvalConfig:
     protocol: str = "query-aware"  # or query-agnostic / multi-turn (the questions after the context), both, all
     questions: str = "one"  # "one" of each sample's passkeys, or "all" of them, one after another
     kv_bits: tuple[int, ...] = (16,)  # widths of full heads' keys and values, one row each (16, 8, 4)
+    mix_policies: tuple[str, ...] = MIX_POLICIES  # what the mix row chooses among
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -67,7 +70,9 @@ class PasskeyEvalConfig:
         set_("sparsities", tuple(float(s) for s in self.sparsities))
         set_("contexts", tuple(int(c) for c in self.contexts))
         set_("kv_bits", tuple(self.kv_bits))
+        set_("mix_policies", tuple(self.mix_policies))
         check_rows(self.rows, self.sparsities)
+        check_mix_policies(self.mix_policies)
         check_kv_bits(self.kv_bits)
         if self.questions not in ("one", "all"):
             raise ValueError(f"questions must be 'one' or 'all', got {self.questions!r}")
@@ -233,7 +238,7 @@ def evaluate_passkey(
     work = []
     for context in config.contexts:
         asked = make_work(tokenizer, context, config, pad_id)
-        inputs = RowInputs(shape, context, window, profile, config.random_seeds)
+        inputs = RowInputs(shape, context, window, profile, config.random_seeds, config.mix_policies)
         work += [(context, r, asked) for r in build_rows(config.rows, config.sparsities, inputs, plans, config.kv_bits)]
     protocols = protocols_of(config.protocol)
     total = sum(len(v.plans) * w.questions for _, v, w in work) * len(protocols)

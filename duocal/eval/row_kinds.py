@@ -199,6 +199,18 @@ def check_kv_bits(kv_bits: Sequence[int]) -> None:
         )
 
 
+def check_mix_policies(policies: Sequence[str]) -> None:
+    """Raise `ValueError` unless `policies` are distinct known policy names, `full` and a bounded one among them."""
+    from duocal_runtime.policies import POLICIES
+
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or len(set(policies)) != len(policies) or "full" not in policies or len(policies) < 2:
+        raise ValueError(
+            f"mix policies must be distinct names from {', '.join(POLICIES)}, full and at least one other among them; "
+            f"got {', '.join(policies) or 'none'}"
+        )
+
+
 def check_rows(rows: Sequence[str], sparsities: Sequence[float]) -> None:
     """Raise `ValueError` for unknown or repeated row kinds and sparsities outside [0, 1]."""
     unknown = [r for r in rows if r not in ROWS]

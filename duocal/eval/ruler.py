@@ -26,9 +26,11 @@ import torch
 
 import duocal_runtime as dr
 from duocal.eval.row_kinds import (
+    MIX_POLICIES,
     Progress,
     RowInputs,
     build_rows,
+    check_mix_policies,
     check_rows,
     head_policy,
     refuse_beyond_positions,
@@ -55,6 +57,7 @@ class RulerConfig:
     random_seeds: int = 1
     protocol: str = "both"
     haystack: Path | None = None  # the essay tasks' text (default: duocal's GPL-3.0 text)
+    mix_policies: tuple[str, ...] = MIX_POLICIES  # what the mix row chooses among
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -62,7 +65,9 @@ class RulerConfig:
         set_("rows", tuple(self.rows))
         set_("sparsities", tuple(float(s) for s in self.sparsities))
         set_("contexts", tuple(int(c) for c in self.contexts))
+        set_("mix_policies", tuple(self.mix_policies))
         check_rows(self.rows, self.sparsities)
+        check_mix_policies(self.mix_policies)
         T.check_task_names(self.tasks)
         protocols_of(self.protocol, SINGLE_QUESTION)  # RULER asks one question per prompt: no multi-turn
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):
@@ -205,7 +210,9 @@ def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) ->
     protocols = protocols_of(config.protocol, SINGLE_QUESTION)
     planned = {
         c: build_rows(
-            config.rows, config.sparsities, RowInputs(shape, c, config.window(profile), profile, config.random_seeds)
+            config.rows,
+            config.sparsities,
+            RowInputs(shape, c, config.window(profile), profile, config.random_seeds, config.mix_policies),
         )
         for c in config.contexts
     }

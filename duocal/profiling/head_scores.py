@@ -7,14 +7,23 @@ For a query at position r and one KV head (its R query heads):
 - kept share of a policy: probability mass on the keys that policy would still hold when r is
   answered — `sink_window`: the first `sink` and the last `recent`; `h2o`: the last `recent` and
   the `heavy` earlier keys with the most accumulated attention (column mass summed over the
-  group's query heads, as the h2o policy scores them); `sink_h2o`: the first `sink` too.
+  group's query heads, as the h2o policy scores them); `sink_h2o`: the first `sink` too;
+  `snapkv`: the tokens its rule selected at the end of each prefill pass (the pass's last
+  `window` queries' attention, summed over the group's query heads and pooled as the runtime
+  pools it) plus the last `window` keys. Where the passes end is the protocol: the prompt's end
+  when the question is prefilled with the context, the context's end and then the question's
+  when it comes after. Attention is the full model's (the selection a head would make were every
+  other head full).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 
 import duocal_runtime as dr
+from duocal_runtime.policies.snapkv import pooled_in_rank_order
 
 
 def kept_keys(policy: dr.HeadPolicy, row: int, column_mass: torch.Tensor) -> torch.Tensor:
@@ -26,12 +35,38 @@ def kept_keys(policy: dr.HeadPolicy, row: int, column_mass: torch.Tensor) -> tor
     return policy.keeps(ranks, torch.full((g,), row + 1, device=column_mass.device), column_mass)
 
 
-def kept_share(policy: dr.HeadPolicy, rows: list[int], probs: torch.Tensor, column_mass: torch.Tensor) -> torch.Tensor:
-    """probs [H, A, T] (rows of the positions `rows`), column_mass [G, T] -> [G]: mean kept mass."""
-    g = column_mass.shape[0]
+def selected_by_passes(policy: dr.SnapKV, pass_ends: Sequence[int], window_mass: Mapping[int, torch.Tensor]):
+    """[G, T] bool: what a snapkv head holds after prefill passes ending at `pass_ends` (increasing),
+    each selecting by `window_mass[end]` [G, T] (its last `window` queries' attention) among the
+    tokens still held and the pass's own, by the policy's rule and the runtime's pooling."""
+    previous, held = 0, None
+    for end in pass_ends:
+        mass = window_mass[end]
+        keys = torch.arange(mass.shape[-1], device=mass.device).expand_as(mass)
+        present = (keys >= previous) & (keys < end)  # this pass's tokens
+        present = present if held is None else present | held
+        ranks = torch.where(present, keys, -1)
+        score = pooled_in_rank_order((mass * present)[None], ranks[None])[0]
+        held = policy.keeps(ranks, torch.full(mass.shape[:1], end, device=mass.device), score) & present
+        previous = end
+    return held
+
+
+def snapkv_kept(policy: dr.SnapKV, row: int, held: torch.Tensor, last_end: int) -> torch.Tensor:
+    """[G, T] bool at the query `row` (>= `last_end` - 1, the last pass's end): what the last pass
+    selected (its window leaves as decode goes on) plus the last `window` keys."""
+    keys = torch.arange(held.shape[-1], device=held.device)
+    ranks = torch.where(keys <= row, keys, -1).expand_as(held)
+    selected = held & (keys < last_end - policy.window)
+    return selected | policy.protected(ranks, torch.full(held.shape[:1], row + 1, device=held.device))
+
+
+def kept_share(policy_keeps, rows: list[int], probs: torch.Tensor) -> torch.Tensor:
+    """probs [H, A, T] (rows of the positions `rows`), `policy_keeps(row)` -> [G, T] bool: [G], mean kept mass."""
     shares = []
     for a, row in enumerate(rows):
-        kept = kept_keys(policy, row, column_mass)  # [G, T]
+        kept = policy_keeps(row)  # [G, T]
+        g = kept.shape[0]
         per_head = (probs[:, a] * kept.repeat_interleave(probs.shape[0] // g, dim=0)).sum(-1)  # [H]
         shares.append(per_head.view(g, -1).mean(-1))
     return torch.stack(shares).mean(0)

@@ -5,7 +5,10 @@ Data: passkey samples (one question each; the rows are the positions that predic
 the retrieval score looks at the queried needle), or windows of a text file (the rows are the last
 `text_rows` positions of each window; no retrieval score). The profile's scores are the retrieval
 score (passkey data) or 1 − the sink window's kept share (text); its measurements are
-`retrieval` and `kept:<policy>` for sink_window, h2o and sink_h2o at the same budget per head.
+`retrieval` and `kept:<policy>` for sink_window, h2o, sink_h2o and snapkv at the same budget per
+head. snapkv is query-aware, so its kept share depends on when the question comes (`protocol`,
+recorded in its settings): `query-aware` selects at the end of the prompt (the question in it),
+`query-agnostic` at the end of the context and again at the end of the question (eval's protocols).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import torch
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator
 from duocal.eval.perplexity import text_windows
+from duocal.eval.protocols import question_start
 from duocal.eval.row_kinds import refuse_beyond_positions
 from duocal.profiling.attention_stats import recording
-from duocal.profiling.head_scores import kept_share, retrieval_score
+from duocal.profiling.head_scores import kept_keys, kept_share, retrieval_score, selected_by_passes, snapkv_kept
 from duocal_runtime.profile_measurements import Measurement, kept_name
 
 PROFILER_SEED = 4242  # not among calibration's or evaluation's default seeds
@@ -40,6 +44,7 @@ class ProfilerConfig:
     sink: int = 64
     recent: int = 256
     text_rows: int = 64
+    protocol: str = "query-aware"  # when snapkv's selection meets the question (module docstring)
 
     def __post_init__(self):
         if self.data not in ("passkey", "text") or (self.data == "text" and not self.text):
@@ -47,26 +52,41 @@ class ProfilerConfig:
         if self.samples < 1 or not self.contexts or min(self.contexts) < 2 or self.text_rows < 1:
             raise ValueError("samples, text_rows and every context must be positive (contexts at least 2 tokens)")
         dr.SinkWindow(self.sink, self.recent)  # checks the sizes
+        if self.protocol not in ("query-aware", "query-agnostic"):
+            raise ValueError(f"protocol must be 'query-aware' or 'query-agnostic', got {self.protocol!r}")
+        if self.protocol == "query-agnostic" and self.data == "text":
+            raise ValueError("text windows ask no question: the query-agnostic protocol needs passkey data")
 
     def policies(self) -> list[dr.HeadPolicy]:
         """The policies whose kept share is measured: the sink window, H2O with the same budget per
         head (half heavy hitters, half recent, as in the H2O paper), and those H2O sizes plus the sinks
-        (the sizes `dr.plan` gives these policies from the profile's deploy defaults)."""
+        and SnapKV with its window of 32 (a quarter of a smaller budget): the sizes `dr.plan` gives
+        these policies from the profile's deploy defaults)."""
         budget = self.sink + self.recent
-        heavy = max(1, budget // 2)
+        heavy, window = max(1, budget // 2), max(1, min(32, budget // 4))
         return [
             dr.SinkWindow(self.sink, self.recent),
             dr.H2O(heavy, budget - heavy),
             dr.SinkH2O(self.sink, heavy, budget - heavy),
+            dr.SnapKV(selected=budget - window, window=window),
         ]
 
 
+@dataclass(frozen=True)
+class ProfiledSequence:
+    ids: list[int]
+    rows: list[int]  # the query positions scored
+    spans: list[tuple[int, int]] | None  # the needle each row answers about (passkey data)
+    pass_ends: tuple[int, ...]  # where snapkv's prefill passes end (the protocol)
+
+
 def sequences(tokenizer, config: ProfilerConfig):
-    """(input ids, rows, needle spans or None) for every sample of every context."""
+    """A `ProfiledSequence` for every sample of every context."""
     for context in config.contexts:
         if config.data == "text":
             for window in text_windows(tokenizer, config.text, context, config.samples):
-                yield window.tolist(), list(range(context - min(config.text_rows, context - 1), context)), None
+                rows = list(range(context - min(config.text_rows, context - 1), context))
+                yield ProfiledSequence(window.tolist(), rows, None, (rows[0] + 1,))
             continue
         generator = PasskeyGenerator(
             tokenizer,
@@ -78,12 +98,11 @@ def sequences(tokenizer, config: ProfilerConfig):
             seed=config.seed,
         )
         for sample in generator.samples(config.samples):
-            rows, spans = [], []
-            for answer in sample.answers:
-                needle = sample.needles[answer.needle]
-                rows += list(answer.predict_positions)
-                spans += [(needle.start, needle.end)] * len(answer.predict_positions)
-            yield list(sample.input_ids), rows, spans
+            (answer,) = sample.answers
+            needle = sample.needles[answer.needle]
+            rows = list(answer.predict_positions)
+            ends = (answer.start,) if config.protocol == "query-aware" else (question_start(sample), answer.start)
+            yield ProfiledSequence(list(sample.input_ids), rows, [(needle.start, needle.end)] * len(rows), ends)
 
 
 @torch.no_grad()
@@ -94,22 +113,49 @@ def measure(model, tokenizer, config: ProfilerConfig) -> dict[str, torch.Tensor]
     sums: dict[str, torch.Tensor] = {}
     count = 0
     device = next(model.parameters()).device
-    for ids, rows, spans in sequences(tokenizer, config):
-        with recording(model, rows) as stats:
-            model(input_ids=torch.tensor([ids], device=device), use_cache=False, logits_to_keep=1)
-        for name, value in sample_measures(stats, rows, spans, policies, shape).items():
+    for seq in sequences(tokenizer, config):
+        with recording(model, recorded_rows(seq, policies)) as stats:
+            model(input_ids=torch.tensor([seq.ids], device=device), use_cache=False, logits_to_keep=1)
+        for name, value in sample_measures(stats, seq, policies, shape).items():
             sums[name] = sums.get(name, 0) + value
         count += 1
     return {name: total / count for name, total in sums.items()}
 
 
-def sample_measures(stats, rows, spans, policies, shape: dr.ModelShape) -> dict[str, torch.Tensor]:
+def observation_windows(seq: ProfiledSequence, policies) -> dict[int, range]:
+    """Pass end -> the queries whose attention snapkv's selection at that end sums."""
+    windows = [p.window for p in policies if isinstance(p, dr.SnapKV)]
+    return {end: range(max(0, end - w), end) for w in windows[:1] for end in seq.pass_ends}
+
+
+def recorded_rows(seq: ProfiledSequence, policies) -> list[int]:
+    """The scored rows first, then every observation window's queries not among them."""
+    extra = sorted({q for window in observation_windows(seq, policies).values() for q in window} - set(seq.rows))
+    return [*seq.rows, *extra]
+
+
+def layer_kept(policy, seq: ProfiledSequence, layer, position: dict[int, int], rep: int) -> torch.Tensor:
+    """[G]: the mean share of the scored rows' attention that `policy` keeps in one layer."""
+    if isinstance(policy, dr.SnapKV):
+        mass = {
+            end: layer.rows[:, [position[q] for q in window]].sum(1).unflatten(0, (-1, rep)).sum(1)
+            for end, window in observation_windows(seq, [policy]).items()
+        }
+        held = selected_by_passes(policy, seq.pass_ends, mass)
+        keeps = lambda row: snapkv_kept(policy, row, held, seq.pass_ends[-1])  # noqa: E731
+    else:
+        keeps = lambda row: kept_keys(policy, row, layer.column_mass)  # noqa: E731
+    return kept_share(keeps, seq.rows, layer.rows[:, : len(seq.rows)])
+
+
+def sample_measures(stats, seq: ProfiledSequence, policies, shape: dr.ModelShape) -> dict[str, torch.Tensor]:
     layers = [stats.layers[i] for i in range(shape.num_hidden_layers)]
-    out = {
-        kept_name(p.name): torch.stack([kept_share(p, rows, s.rows, s.column_mass) for s in layers]) for p in policies
-    }
-    if spans is not None:
-        out["retrieval"] = torch.stack([retrieval_score(s.rows, spans, shape.num_key_value_heads) for s in layers])
+    position = {q: a for a, q in enumerate(recorded_rows(seq, policies))}
+    rep = shape.num_attention_heads // shape.num_key_value_heads
+    out = {kept_name(p.name): torch.stack([layer_kept(p, seq, s, position, rep) for s in layers]) for p in policies}
+    if seq.spans is not None:
+        scored = [s.rows[:, : len(seq.rows)] for s in layers]
+        out["retrieval"] = torch.stack([retrieval_score(r, seq.spans, shape.num_key_value_heads) for r in scored])
     return out
 
 
@@ -127,11 +173,7 @@ def profile_model(model, tokenizer, config: ProfilerConfig, model_name: str | No
     settings = {"data": config.data, "samples": config.samples, "contexts": list(config.contexts), "seed": config.seed}
     policies = {kept_name(p.name): p for p in config.policies()}
     measurements = {
-        name: Measurement(
-            _table(values),
-            {**settings, **({"policy": policies[name].to_dict()} if name in policies else {})},
-            "profiler",
-        )
+        name: Measurement(_table(values), {**settings, **policy_settings(policies.get(name), config)}, "profiler")
         for name, values in measured.items()
     }
     scores = measured["retrieval"] if "retrieval" in measured else 1.0 - measured[kept_name("sink_window")]
@@ -146,6 +188,13 @@ def profile_model(model, tokenizer, config: ProfilerConfig, model_name: str | No
         "seconds": round(seconds, 2),
     }
     return dr.Profile(info, _table(scores), source, deploy, measurements)
+
+
+def policy_settings(policy: dr.HeadPolicy | None, config: ProfilerConfig) -> dict[str, Any]:
+    """What a kept-share measurement was taken at: the policy's sizes, and the protocol for snapkv."""
+    if policy is None:
+        return {}
+    return {"policy": policy.to_dict(), **({"protocol": config.protocol} if isinstance(policy, dr.SnapKV) else {})}
 
 
 def _table(values: torch.Tensor) -> list[list[float]]:

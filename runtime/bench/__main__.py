@@ -27,6 +27,7 @@ import torch
 
 import duocal_runtime as dr
 
+from ..atomic import check_output, write_atomic
 from . import rows as R
 from . import timing as M
 from .shapes import SHAPES, bench_model, weight_bytes_read
@@ -160,6 +161,7 @@ def rows_in_process(args) -> list[dict]:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    check_output(args.out)  # before any work
     torch.set_num_threads(1) if args.device == "cpu" else None
     if args.one:
         row, context = args.one.split(":")
@@ -168,8 +170,7 @@ def main(argv=None) -> None:
     results = rows_in_process(args) if args.device.startswith("cuda") else rows_in_subprocesses(args, argv)
     add_ratios(results, args.peak_bandwidth)
     print_table(results)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
+    write_atomic(args.out, json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

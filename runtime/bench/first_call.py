@@ -88,6 +88,10 @@ def main(argv=None) -> None:
     unknown = sorted(set(rows) - set(FIRST_CALL_ROWS))
     if unknown:
         ap.error(f"unknown rows {unknown}; choose from {','.join(FIRST_CALL_ROWS)}")
+    from ..atomic import check_output, write_atomic  # the parent times child processes: it may import
+
+    if args.out:
+        check_output(args.out)  # before any work
     results = []
     for row in rows:
         tries = [run_fresh_process(args, row) for _ in range(max(1, args.repeats))]
@@ -95,8 +99,7 @@ def main(argv=None) -> None:
         print(f"done {row}", file=sys.stderr, flush=True)
     print_first_call_table(results)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+        write_atomic(args.out, json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

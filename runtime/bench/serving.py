@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, Generat
 
 import duocal_runtime as dr
 
+from ..atomic import check_output, write_atomic
 from ..block_sparse import padded_length
 from ..budget import Budget
 from ..runtime_handle import apply
@@ -223,6 +224,7 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="bench-serving.json")
     args = ap.parse_args(argv)
+    check_output(args.out)  # before any work
     model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa").to(args.device).eval()
     shape, profile = dr.shape_of_config(model.config), dr.load_profile(args.profile)
     requests = workload(args.requests, args.prompt, args.new, args.arrivals, model.config.vocab_size)
@@ -236,10 +238,10 @@ def main(argv=None) -> None:
     for row in args.rows.split(","):
         plan = serving_plan(row, profile, shape, context)
         results.append(serve_row(model, row, plan, requests, num_blocks, max_batch_tokens, not args.no_warmup))
-        print(f"done {row}", flush=True)
+        print(f"done {row}: {json.dumps(asdict(results[-1]))}", flush=True)
+        measured = {"args": vars(args), "kv_memory": memory, "rows": [asdict(r) for r in results]}
+        write_atomic(args.out, json.dumps(measured, indent=2))  # after every row: a stopped workload keeps its rows
     print_serving_table(results)
-    with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "kv_memory": memory, "rows": [asdict(r) for r in results]}, f, indent=2)
 
 
 if __name__ == "__main__":
