@@ -169,7 +169,8 @@ def test_cli_profile_writes_a_profile_with_measurements_and_refuses_bad_input(tm
     )
     assert result.exit_code == 0, result.output
     assert "retrieval" not in json.loads((tmp_path / "t.json").read_text())["measurements"]
-    for args in (["--method", "gradient"], ["--data", "text"], ["--contexts", "0"]):
+    bad_inputs = (["--method", "gradient"], ["--data", "text"], ["--contexts", "0"], ["--protocol", "sideways"])
+    for args in (*bad_inputs, ["--data", "text", "--text", str(text), "--protocol", "query-agnostic"]):
         bad = runner.invoke(app, ["profile", *args, "--output", str(tmp_path / "x.json")])
         assert bad.exit_code == 1 and bad.output.startswith("error:"), (args, bad.output)
     assert not (tmp_path / "x.json").exists()
