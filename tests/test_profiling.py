@@ -14,7 +14,7 @@ from duocal.models import load_model, load_tokenizer
 from duocal.profiling import ProfilerConfig, profile_model
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import selected_by_passes, snapkv_kept
-from duocal.profiling.profiler import observation_windows, recorded_rows, sequences
+from duocal.profiling.profiler import recorded_rows, sequences, window_mass
 from duocal_runtime.profile_measurements import Measurement
 
 from helpers import random_profile
@@ -103,11 +103,8 @@ def snapkv_setup(protocol: str):
     with recording(model, recorded_rows(seq, [policy])) as stats:
         model(input_ids=torch.tensor([seq.ids]), use_cache=False)
     position = {q: a for a, q in enumerate(recorded_rows(seq, [policy]))}
-    mass = {  # layer 0: the window queries' attention summed over each group's query heads
-        end: stats.layers[0].rows[:, [position[q] for q in window]].sum(1).unflatten(0, (2, -1)).sum(1)
-        for end, window in observation_windows(seq, [policy]).items()
-    }
-    return model, seq, policy, mass
+    rep = model.config.num_attention_heads // model.config.num_key_value_heads
+    return model, seq, policy, window_mass(policy, seq, stats.layers[0], position, rep)  # layer 0
 
 
 def test_snapkv_kept_set_is_what_the_runtime_holds_after_the_prompt():

@@ -26,6 +26,7 @@ from typing import Any
 
 import duocal_runtime as dr
 from duocal_runtime.planning import bounded_head_count
+from duocal_runtime.policies import POLICIES
 
 MIX_POLICIES = ("full", "sink_window", "h2o")
 KV_BITS = (16, 8, 4)  # widths full heads store (duocal_runtime.kv_quant.BITS)
@@ -201,8 +202,6 @@ def check_kv_bits(kv_bits: Sequence[int]) -> None:
 
 def check_mix_policies(policies: Sequence[str]) -> None:
     """Raise `ValueError` unless `policies` are distinct known policy names, `full` and a bounded one among them."""
-    from duocal_runtime.policies import POLICIES
-
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or len(set(policies)) != len(policies) or "full" not in policies or len(policies) < 2:
         raise ValueError(

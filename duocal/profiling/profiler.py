@@ -123,9 +123,11 @@ def measure(model, tokenizer, config: ProfilerConfig) -> dict[str, torch.Tensor]
 
 
 def observation_windows(seq: ProfiledSequence, policies) -> dict[int, range]:
-    """Pass end -> the queries whose attention snapkv's selection at that end sums."""
-    windows = [p.window for p in policies if isinstance(p, dr.SnapKV)]
-    return {end: range(max(0, end - w), end) for w in windows[:1] for end in seq.pass_ends}
+    """Pass end -> the queries whose attention snapkv's selection at that end sums (none without snapkv)."""
+    snapkv = next((p for p in policies if isinstance(p, dr.SnapKV)), None)
+    if snapkv is None:
+        return {}
+    return {end: range(max(0, end - snapkv.window), end) for end in seq.pass_ends}
 
 
 def recorded_rows(seq: ProfiledSequence, policies) -> list[int]:
@@ -134,14 +136,19 @@ def recorded_rows(seq: ProfiledSequence, policies) -> list[int]:
     return [*seq.rows, *extra]
 
 
+def window_mass(policy: dr.SnapKV, seq: ProfiledSequence, layer, position: dict[int, int], rep: int):
+    """Pass end -> [G, T]: its observation window's attention in one layer, summed over the window's
+    queries and each group's `rep` query heads (`position`: recorded row index of each query)."""
+    return {
+        end: layer.rows[:, [position[q] for q in window]].sum(1).unflatten(0, (-1, rep)).sum(1)
+        for end, window in observation_windows(seq, [policy]).items()
+    }
+
+
 def layer_kept(policy, seq: ProfiledSequence, layer, position: dict[int, int], rep: int) -> torch.Tensor:
     """[G]: the mean share of the scored rows' attention that `policy` keeps in one layer."""
     if isinstance(policy, dr.SnapKV):
-        mass = {
-            end: layer.rows[:, [position[q] for q in window]].sum(1).unflatten(0, (-1, rep)).sum(1)
-            for end, window in observation_windows(seq, [policy]).items()
-        }
-        held = selected_by_passes(policy, seq.pass_ends, mass)
+        held = selected_by_passes(policy, seq.pass_ends, window_mass(policy, seq, layer, position, rep))
         keeps = lambda row: snapkv_kept(policy, row, held, seq.pass_ends[-1])  # noqa: E731
     else:
         keeps = lambda row: kept_keys(policy, row, layer.column_mass)  # noqa: E731
