@@ -212,12 +212,10 @@ def test_a_group_that_does_not_divide_head_dim_is_refused_with_a_divisor():
         dr.plan(random_profile(), sparsity=0.5, kv_bits=8, kv_group=24)
 
 
-def test_static_and_paged_caches_refuse_quantized_plans():
+def test_paged_caches_refuse_quantized_plans():
     model = tiny_model("llama")
     plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full(kv_bits=8, group=8))
-    with dr.apply(model, plan) as runtime:
-        with pytest.raises(dr.PlanError, match="no static cache yet"):
-            runtime.new_cache(max_length=64)
+    with dr.apply(model, plan):
         with pytest.raises(dr.PlanError, match="continuous batching .* does not page yet"):
             model.generate_batch([[1, 2, 3]])
 

@@ -9,7 +9,7 @@
 | `h2o50` | duocal, H2O on every head at the KV bytes of `stream50` | duocal |
 | `full-kv8` / `full-kv4` / `stream50-kv4` | duocal, full heads in 8- / 4-bit KIVI codes | duocal, blocked over codes |
 | `quanto4` | transformers `QuantizedCache` (optimum-quanto 4-bit, residual 128, groups of 32) | sdpa, all dequantized |
-| `<row>-compiled` | the duocal row's static cache (`max_length`), decode compiled | duocal |
+| `<row>-compiled` | the duocal row's static cache (`max_length`), decode compiled (16-bit and KIVI rows) | duocal |
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from duocal_runtime.policies.static_buffers import mark_static
 SINK, RECENT = 64, 256
 DUO_ROWS = ("full", "stream50", "stream75", "h2o50")
 QUANTIZED_ROWS = ("full-kv8", "full-kv4", "stream50-kv4", "quanto4")
-ROWS = ("dynamic", "static", *DUO_ROWS, *QUANTIZED_ROWS, *(f"{r}-compiled" for r in DUO_ROWS))
+COMPILEABLE_ROWS = (*DUO_ROWS, "full-kv8", "full-kv4", "stream50-kv4")
+ROWS = ("dynamic", "static", *DUO_ROWS, *QUANTIZED_ROWS, *(f"{r}-compiled" for r in COMPILEABLE_ROWS))
 QUANTO = dict(backend="quanto", nbits=4, residual_length=128, q_group_size=32)
 
 

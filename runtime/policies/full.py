@@ -73,14 +73,12 @@ class Full(HeadPolicy):
 
     def make_group(self, kv_heads, rep, max_length=None):
         if self.quantized:
-            if max_length is not None:
-                raise PlanError(
-                    "quantized full heads (kv_bits < 16) have no static cache yet; use a dynamic cache "
-                    "(runtime.new_cache() without max_length)"
-                )
             from .full_quantized import QuantizedFullGroup
+            from .full_quantized_static import StaticQuantizedFullGroup
 
-            return QuantizedFullGroup(self, kv_heads, rep)
+            if max_length is None:
+                return QuantizedFullGroup(self, kv_heads, rep)
+            return StaticQuantizedFullGroup(self, kv_heads, rep, max_length)
         if max_length is None:
             return FullGroup(self, kv_heads, rep)
         return StaticFullGroup(self, kv_heads, rep, max_length)
