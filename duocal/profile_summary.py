@@ -63,7 +63,7 @@ def profile_summary(
     counts: dict[str, int] = {}
     for row in plan.policies:
         for p in row:
-            counts[p.name] = counts.get(p.name, 0) + 1
+            counts[p.label] = counts.get(p.label, 0) + 1
     return {
         "model": profile.model.name_or_path,
         "architecture": profile.model.architecture,

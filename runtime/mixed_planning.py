@@ -3,6 +3,9 @@
 Predicted loss of a head under a policy: 1 − the share of its attention mass the policy keeps
 (the profile's `kept:<policy>` measurement), 0 for `full`. A profile without that measurement
 (a calibrated one) uses its gate order instead: every bounded policy's loss is the head's score.
+Full heads in KIVI codes (`full-kv8`, `full-kv4`: bits are one more choice per head) lose the
+relative error their codes add to the head's output (`error:full-kv<bits>`, measured by the
+profiler at the same group and residual); a profile without it cannot mix widths, and says so.
 
 The choice is greedy, then locally optimal: every head starts on its cheapest policy; upgrades
 are applied by loss saved per byte while they fit; then single-head changes are applied while
@@ -13,12 +16,15 @@ is deterministic.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import PlanError
-from .policies import HeadPolicy
-from .profile_measurements import kept_name
+from .policies import Full, HeadPolicy
+from .profile_measurements import error_name, kept_name
+
+QUANTIZED_FULL = re.compile(r"full-kv(\d+)")  # full heads storing that many bits: full-kv8, full-kv4
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,7 @@ class MixChoice:
 
     def counts(self) -> dict[str, int]:
         """Policy name -> KV heads that got it (in the order of `policies`)."""
-        return {p.name: sum(c == i for c in self.choice) for i, p in enumerate(self.policies)}
+        return {p.label: sum(c == i for c in self.choice) for i, p in enumerate(self.policies)}
 
     def report(self) -> dict[str, Any]:
         return {
@@ -51,14 +57,51 @@ class MixChoice:
         }
 
 
+def mix_policies(deploy, names: Sequence[str], full: Full, group: int, **sizes: int | None) -> list[HeadPolicy]:
+    """The policies `names` stand for: `full` (the plan's width), `full-kv8` / `full-kv4` (codes in
+    groups of `group`), others with the given sizes, else the profile's deploy sizes."""
+    policies = []
+    for name in names:
+        quantized = QUANTIZED_FULL.fullmatch(name)
+        policies.append(Full.storing(int(quantized[1]), group) if quantized else deploy.sized(name, **sizes))
+    return [full if p == Full() else p for p in policies]
+
+
+def check_mix(policies: Sequence[HeadPolicy], unit: str) -> None:
+    labels = [p.label for p in policies]
+    if not policies or len(set(labels)) != len(labels):
+        raise PlanError(f"policies must name distinct policies, got {labels}")
+    widths = {p.label for p in policies if not p.bounded}
+    if unit == "tokens" and len(widths) > 1:
+        raise PlanError(
+            f"a budget in tokens cannot tell {' from '.join(sorted(widths))} apart (they keep the same tokens): "
+            "give the budget in bytes (e.g. '2GiB')"
+        )
+
+
+def quantization_losses(profile, policy: HeadPolicy) -> list[float]:
+    measured = profile.measurements.get(error_name(policy.label))
+    if measured is None or measured.settings.get("policy") != policy.to_dict():
+        have = "no such measurement" if measured is None else f"one at {measured.settings.get('policy')}"
+        raise PlanError(
+            f"choosing {policy.label} per head needs the profile's measured {error_name(policy.label)} at "
+            f"{policy.to_dict()} ({have}); measure it with `duocal profile MODEL --kv-bits {policy.kv_bits}` "
+            "(add --scores-from to keep a profile's scores), or give every full head one width with kv_bits="
+        )
+    return list(measured.flat())
+
+
 def predicted_losses(profile, policies: Sequence[HeadPolicy]) -> tuple[tuple[float, ...], ...]:
-    """[flat head][policy]: 0 for full; 1 − kept share when measured at these sizes; else the score."""
+    """[flat head][policy]: 0 for full (16-bit, or the one width given), the measured output error for
+    coded full heads beside other widths; 1 − kept share when measured at these sizes; else the score."""
     scores = profile.flat_scores()
+    widths = len({p.label for p in policies if not p.bounded})  # one: the plan's kv_bits, not a choice
     columns = []
     for policy in policies:
         measured = profile.measurements.get(kept_name(policy.name))
         if not policy.bounded:
-            columns.append([0.0] * len(scores))
+            coded = policy.quantized and widths > 1
+            columns.append(quantization_losses(profile, policy) if coded else [0.0] * len(scores))
         elif measured is not None and measured.settings.get("policy") == policy.to_dict():
             columns.append([1.0 - k for k in measured.flat()])
         else:

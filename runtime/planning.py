@@ -28,7 +28,7 @@ from .arguments import require_count, require_instance, require_number
 from .budget import Budget, budget_dtype_of, dtype_bytes, max_context
 from .errors import PlanError
 from .head_order import bounded_order, tie_losses
-from .mixed_planning import mixed_choice
+from .mixed_planning import check_mix, mix_policies, mixed_choice
 from .model_shape import ModelShape
 from .policies import Full, HeadPolicy, policy_from_dict
 from .profile import Profile
@@ -235,7 +235,8 @@ def plan(
 
     With `policies` (e.g. ("full", "sink_window", "h2o")) and a `budget`, every head gets the one
     of those policies that loses least for its bytes (mixed_planning.py): measured kept attention
-    where the profile has it, else the gate order. `plan.choice` says what was chosen.
+    where the profile has it, else the gate order; `full-kv8` / `full-kv4` among them choose a width per
+    head by measured output error (a byte budget). `plan.choice` says what was chosen.
 
     `kv_bits` (16, 8 or 4): how full heads store keys and values, KIVI codes below 16 with a scale
     and zero point per `kv_group` tokens (keys) or channels (values; default gcd(32, head_dim));
@@ -252,7 +253,8 @@ def plan(
     ]
     if len(chosen) > 1:
         raise PlanError(f"give one of sparsity, threshold or budget, not {' and '.join(chosen)}")
-    d, full = profile.deploy, Full.storing(kv_bits, kv_group or math.gcd(32, profile.shape.head_dim))
+    d, group = profile.deploy, kv_group or math.gcd(32, profile.shape.head_dim)
+    full = Full.storing(kv_bits, group)
     if isinstance(policies, str):
         raise TypeError(f"policies must be a list of policy names, e.g. ('full', 'h2o'), got the string {policies!r}")
     if policies is not None:
@@ -260,8 +262,7 @@ def plan(
             raise PlanError(
                 "policies=... chooses a policy per head under a budget: pass budget= and context=, and not policy="
             )
-        sized = [d.sized(name, sink=sink, recent=recent, heavy=heavy) for name in policies]
-        sized = [full if p == Full() else p for p in sized]
+        sized = mix_policies(d, policies, full, group, sink=sink, recent=recent, heavy=heavy)
         return _mixed_plan(profile, sized, Budget.parse(budget), context, batch, dtype)
     bounded_policy = d.sized(policy or d.policy, sink=sink, recent=recent, heavy=heavy)
     if not bounded_policy.bounded:
@@ -281,8 +282,7 @@ def plan(
 def _mixed_plan(profile: Profile, policies: list[HeadPolicy], budget: Budget, context, batch, dtype) -> Plan:
     if context is None:
         raise PlanError("a budget needs the context length it applies to: pass context=N (tokens)")
-    if not policies or len({p.name for p in policies}) != len(policies):
-        raise PlanError(f"policies must name distinct policies, got {[p.name for p in policies]}")
+    check_mix(policies, budget.unit)
     d, size = profile.shape.head_dim, dtype_bytes(dtype)
     costs = [  # one KV head, in the budget's unit
         batch * (p.kv_bytes(context, d, size) if budget.unit == "bytes" else p.tokens_kept(context)) for p in policies

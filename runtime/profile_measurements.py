@@ -2,7 +2,8 @@
 
 Besides its one score per (layer, KV head), a version-2 profile may hold measurements such as
 `retrieval` (attention from answer positions to the needle, Wu et al. 2024, arXiv 2404.15574)
-or `kept:sink_window` (the share of a head's attention mass a sink-window policy keeps), each
+or `kept:sink_window` (the share of a head's attention mass a sink-window policy keeps) or
+`error:full-kv4` (the relative error 4-bit KIVI codes add to a head's attention output), each
 with the settings it was measured at (policy sizes, context, samples, data) and where it came
 from. Values are per (layer, KV head), in [0, 1].
 """
@@ -18,10 +19,15 @@ from .model_shape import ModelShape
 
 SOURCES = ("profiler", "calibration", "import")
 KEPT_PREFIX = "kept:"  # kept:<policy name>: share of attention mass that policy keeps
+ERROR_PREFIX = "error:"  # error:<policy label>: relative error of the attention output (e.g. error:full-kv4)
 
 
 def kept_name(policy_name: str) -> str:
     return KEPT_PREFIX + policy_name
+
+
+def error_name(policy_label: str) -> str:
+    return ERROR_PREFIX + policy_label
 
 
 @dataclass(frozen=True)

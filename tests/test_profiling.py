@@ -88,7 +88,13 @@ def test_profiler_finds_the_demo_models_retrieval_heads_deterministically():
         "kept:h2o",
         "kept:sink_h2o",
         "kept:snapkv",
+        "error:full-kv8",
+        "error:full-kv4",
     }
+    errors = {bits: first.measurements[f"error:full-kv{bits}"] for bits in (8, 4)}
+    assert errors[4].settings["policy"] == dr.Full(kv_bits=4, group=16).to_dict()  # gcd(32, head_dim 16)
+    mean = {bits: sum(m.flat()) / len(m.flat()) for bits, m in errors.items()}
+    assert 0 < mean[8] < mean[4] < 0.5  # 4-bit codes move outputs more than 8-bit ones, neither moves them far
 
 
 def snapkv_setup(protocol: str):

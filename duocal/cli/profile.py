@@ -67,9 +67,17 @@ def profile_command(
             "(after the context: snapkv selects at the context's end, then again at the question's)."
         ),
     ] = "query-aware",
+    kv_bits: Annotated[
+        str,
+        typer.Option(
+            help="Widths whose error on full heads' outputs is measured (error:full-kv8, error:full-kv4), so "
+            "plans can mix widths per head: 8,4, one of them, or none."
+        ),
+    ] = "8,4",
 ):
     """Measure every (layer, KV head) from the model's own attention: retrieval score and the share
-    of attention a sink window, H2O, sink + H2O and SnapKV would keep. Writes a version-2 profile whose
+    of attention a sink window, H2O, sink + H2O and SnapKV would keep, and the error 8- and 4-bit
+    codes add to its output. Writes a version-2 profile whose
     scores rank heads like calibrated gates and whose measurements feed mixed plans."""
     import duocal_runtime as dr
     from duocal.models import ModelRef
@@ -98,6 +106,7 @@ def profile_command(
             sink=default_sink if sink is None else sink,
             recent=default_recent if recent is None else recent,
             protocol=protocol,
+            kv_bits=() if kv_bits.strip() == "none" else tuple(split(kv_bits, int, "kv-bits")),
         )
         check_contexts_fit(config, ref.load_config())  # before the weights load
         lm = ref.load_model()

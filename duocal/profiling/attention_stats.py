@@ -6,7 +6,9 @@ per layer, one block of queries at a time (never a [T, T] matrix):
 
 - `column_mass` [G, T]: attention mass every key received, summed over all queries and over the
   query heads of its KV group (what H2O accumulates to pick heavy hitters);
-- `rows` [H, A, T]: the full probability rows of the chosen query positions (answer positions).
+- `rows` [H, A, T]: the full probability rows of the chosen query positions (answer positions);
+- `errors`: per quantized full policy (by label), [G] the relative error its codes add to those
+  rows' outputs (quantization_error.py).
 
 One sequence at a time (batch 1, no padding); causal attention over the whole sequence.
 """
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+import duocal_runtime as dr
+from duocal.profiling.quantization_error import output_error
 from duocal_runtime import hf_compat
 
 NAME = "duocal_profiler"
@@ -30,18 +34,24 @@ BLOCK_ELEMENTS = 1 << 22  # query rows x keys per block of probabilities (16 MiB
 class LayerStats:
     column_mass: torch.Tensor  # [G, T] fp32
     rows: torch.Tensor  # [H, A, T] fp32
+    errors: dict[str, torch.Tensor] = field(default_factory=dict)  # policy label -> [G]
 
 
 class AttentionStats:
-    def __init__(self, rows: Sequence[int]):
-        self.rows = list(rows)
+    def __init__(self, rows: Sequence[int], quantized: Sequence[dr.Full] = (), scored: int | None = None):
+        """`quantized`: full policies whose output error is measured on the first `scored` rows (default all)."""
+        self.rows, self.quantized = list(rows), list(quantized)
+        self.scored = len(self.rows) if scored is None else scored
         self.layers: dict[int, LayerStats] = {}
 
     def attention(self, module, q, k, v, attention_mask, scaling=None, dropout=0.0, **kwargs):
         """transformers attention signature: q [1, H, T, D], k/v [1, G, T, D] -> ([1, T, H, D], None)."""
         scale = scaling if scaling is not None else module.scaling
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        self.layers[module.layer_idx] = self.collect(q[0], k[0], scale)
+        stats = self.layers[module.layer_idx] = self.collect(q[0], k[0], scale)
+        scored = self.rows[: self.scored]
+        for policy in self.quantized:
+            stats.errors[policy.label] = output_error(q[0][:, scored], k[0], v[0], scored, scale, policy)
         return out.transpose(1, 2), None
 
     def collect(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> LayerStats:
@@ -66,9 +76,9 @@ class AttentionStats:
 
 
 @contextlib.contextmanager
-def recording(model, rows: Sequence[int]):
+def recording(model, rows: Sequence[int], quantized: Sequence[dr.Full] = (), scored: int | None = None):
     """Inside the block, `model`'s forward passes record `AttentionStats` (yielded)."""
-    stats = AttentionStats(rows)
+    stats = AttentionStats(rows, quantized, scored)
     previous = hf_compat.attention_implementation(model)
     hf_compat.register(NAME, stats.attention)
     hf_compat.set_attention_implementation(model, NAME)

@@ -5,14 +5,17 @@ Data: passkey samples (one question each; the rows are the positions that predic
 the retrieval score looks at the queried needle), or windows of a text file (the rows are the last
 `text_rows` positions of each window; no retrieval score). The profile's scores are the retrieval
 score (passkey data) or 1 − the sink window's kept share (text); its measurements are
-`retrieval` and `kept:<policy>` for sink_window, h2o, sink_h2o and snapkv at the same budget per
-head. snapkv is query-aware, so its kept share depends on when the question comes (`protocol`,
-recorded in its settings): `query-aware` selects at the end of the prompt (the question in it),
+`retrieval`, `kept:<policy>` for sink_window, h2o, sink_h2o and snapkv at the same budget per
+head, and `error:full-kv8` / `error:full-kv4` (what KIVI codes change in a full head's output,
+quantization_error.py), which let the mixed planner choose a width per head. snapkv is
+query-aware, so its kept share depends on when the question comes (`protocol`, recorded in its
+settings): `query-aware` selects at the end of the prompt (the question in it),
 `query-agnostic` at the end of the context and again at the end of the question (eval's protocols).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,7 +29,7 @@ from duocal.eval.protocols import question_start
 from duocal.eval.row_kinds import refuse_beyond_positions
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_keys, kept_share, retrieval_score, selected_by_passes, snapkv_kept
-from duocal_runtime.profile_measurements import Measurement, kept_name
+from duocal_runtime.profile_measurements import Measurement, error_name, kept_name
 
 PROFILER_SEED = 4242  # not among calibration's or evaluation's default seeds
 
@@ -45,6 +48,7 @@ class ProfilerConfig:
     recent: int = 256
     text_rows: int = 64
     protocol: str = "query-aware"  # when snapkv's selection meets the question (module docstring)
+    kv_bits: tuple[int, ...] = (8, 4)  # widths whose output error is measured on full heads
 
     def __post_init__(self):
         if self.data not in ("passkey", "text") or (self.data == "text" and not self.text):
@@ -56,6 +60,8 @@ class ProfilerConfig:
             raise ValueError(f"protocol must be 'query-aware' or 'query-agnostic', got {self.protocol!r}")
         if self.protocol == "query-agnostic" and self.data == "text":
             raise ValueError("text windows ask no question: the query-agnostic protocol needs passkey data")
+        if not set(self.kv_bits) <= {8, 4} or len(set(self.kv_bits)) != len(self.kv_bits):
+            raise ValueError(f"kv_bits must be distinct widths among 8 and 4 (16 has no error), got {self.kv_bits}")
 
     def policies(self) -> list[dr.HeadPolicy]:
         """The policies whose kept share is measured: the sink window, H2O with the same budget per
@@ -70,6 +76,10 @@ class ProfilerConfig:
             dr.SinkH2O(self.sink, heavy, budget - heavy),
             dr.SnapKV(selected=budget - window, window=window),
         ]
+
+    def quantized(self, head_dim: int) -> list[dr.Full]:
+        """The quantized full heads whose output error is measured (groups as `dr.plan` makes them)."""
+        return [dr.Full.storing(bits, math.gcd(32, head_dim)) for bits in self.kv_bits]
 
 
 @dataclass(frozen=True)
@@ -114,7 +124,7 @@ def measure(model, tokenizer, config: ProfilerConfig) -> dict[str, torch.Tensor]
     count = 0
     device = next(model.parameters()).device
     for seq in sequences(tokenizer, config):
-        with recording(model, recorded_rows(seq, policies)) as stats:
+        with recording(model, recorded_rows(seq, policies), config.quantized(shape.head_dim), len(seq.rows)) as stats:
             model(input_ids=torch.tensor([seq.ids], device=device), use_cache=False, logits_to_keep=1)
         for name, value in sample_measures(stats, seq, policies, shape).items():
             sums[name] = sums.get(name, 0) + value
@@ -160,6 +170,8 @@ def sample_measures(stats, seq: ProfiledSequence, policies, shape: dr.ModelShape
     position = {q: a for a, q in enumerate(recorded_rows(seq, policies))}
     rep = shape.num_attention_heads // shape.num_key_value_heads
     out = {kept_name(p.name): torch.stack([layer_kept(p, seq, s, position, rep) for s in layers]) for p in policies}
+    for label in layers[0].errors:
+        out[error_name(label)] = torch.stack([s.errors[label] for s in layers])
     if seq.spans is not None:
         scored = [s.rows[:, : len(seq.rows)] for s in layers]
         out["retrieval"] = torch.stack([retrieval_score(r, seq.spans, shape.num_key_value_heads) for r in scored])
@@ -178,13 +190,14 @@ def profile_model(model, tokenizer, config: ProfilerConfig, model_name: str | No
     measured = measure(model, tokenizer, config)
     seconds = time.perf_counter() - started
     settings = {"data": config.data, "samples": config.samples, "contexts": list(config.contexts), "seed": config.seed}
+    shape = dr.shape_of_config(model.config)
     policies = {kept_name(p.name): p for p in config.policies()}
+    policies |= {error_name(p.label): p for p in config.quantized(shape.head_dim)}
     measurements = {
         name: Measurement(_table(values), {**settings, **policy_settings(policies.get(name), config)}, "profiler")
         for name, values in measured.items()
     }
     scores = measured["retrieval"] if "retrieval" in measured else 1.0 - measured[kept_name("sink_window")]
-    shape = dr.shape_of_config(model.config)
     archs = getattr(model.config, "architectures", None) or [None]
     info = dr.ModelInfo(shape, model_name, None, archs[0])
     deploy = dr.DeployDefaults.of(*config.policies())

@@ -79,6 +79,11 @@ class HeadPolicy(ABC):
         """Most tokens one head keeps (None: unbounded)."""
         return sum(getattr(self, f.name) for f in fields(self)) if self.bounded else None
 
+    @property
+    def label(self) -> str:
+        """The policy's name, and its storage where a policy stores more than one way (`full-kv4`)."""
+        return self.name
+
     def tokens_kept(self, seq_len: int) -> int:
         """Tokens one head holds after `seq_len` real tokens (the analytic size of its cache)."""
         return seq_len if self.budget is None else min(seq_len, self.budget)

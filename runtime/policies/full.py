@@ -52,6 +52,10 @@ class Full(HeadPolicy):
     def quantized(self) -> bool:
         return self.kv_bits < 16
 
+    @property
+    def label(self) -> str:
+        return f"full-kv{self.kv_bits}" if self.quantized else "full"
+
     def sizes(self) -> dict[str, int]:
         return super().sizes() if self.quantized else {}  # a 16-bit full head has no sizes, as before
 

@@ -1,0 +1,57 @@
+"""How much KIVI codes change a head's attention output: the profiler's `error:full-kv<bits>`.
+
+For a scored query at position r, a decode step over a `full(kv_bits=b)` head reads the first
+`quantized_tokens(r + 1)` keys and values as codes (runtime/kv_quant.py) and the rest in full
+precision. The error is ||o' − o|| / ||o||, the mean over the KV head's query heads and the scored
+rows, clipped to 1: o the exact attention output, o' the output over the coded cache. An eviction
+policy that keeps a share k of a row's mass moves the output by (1 − k) ||o_kept − o_dropped||, so
+its relative error is 1 − k (the planner's loss for eviction) times a ratio of order one: the
+mixed planner compares the two as losses of one kind.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import duocal_runtime as dr
+from duocal_runtime import kv_quant as Q
+
+
+def coded_prefix(x: torch.Tensor, coded: int, policy: dr.Full, keys: bool) -> torch.Tensor:
+    """x [G, T, D] with its first `coded` tokens replaced by their dequantized codes."""
+    if coded == 0:
+        return x
+    part = x[None, :, :coded].float()
+    if keys:
+        back = Q.dequantize_keys(
+            Q.quantize_keys(part, policy.kv_bits, policy.group), policy.kv_bits, policy.group, x.dtype
+        )
+    else:
+        values = Q.quantize_values(part, policy.kv_bits, policy.group)
+        back = Q.dequantize_values(values, policy.kv_bits, policy.group, x.dtype)
+    return torch.cat((back[0], x[:, coded:]), dim=1)
+
+
+def head_outputs(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """query [H, D] over keys / values [G, n, D] (H / G query heads per KV head) -> [H, D], in fp32."""
+    rep = query.shape[0] // keys.shape[0]
+    keys, values = keys.float().repeat_interleave(rep, 0), values.float().repeat_interleave(rep, 0)
+    probs = torch.softmax(torch.einsum("hd,htd->ht", query.float(), keys) * scale, -1)
+    return torch.einsum("ht,htd->hd", probs, values)
+
+
+def output_error(queries, k, v, rows: list[int], scale: float, policy: dr.Full) -> torch.Tensor:
+    """queries [H, A, D] (the query heads at `rows`), k/v [G, T, D] -> [G]: the mean relative error."""
+    groups = k.shape[0]
+    errors, caches = [], {}
+    for a, row in enumerate(rows):
+        n = row + 1
+        coded = Q.quantized_tokens(n, policy.group, policy.residual)
+        if coded not in caches:
+            caches[coded] = (coded_prefix(k, coded, policy, True), coded_prefix(v, coded, policy, False))
+        coded_k, coded_v = caches[coded]
+        exact = head_outputs(queries[:, a], k[:, :n], v[:, :n], scale)
+        approximate = head_outputs(queries[:, a], coded_k[:, :n], coded_v[:, :n], scale)
+        relative = (approximate - exact).norm(dim=-1) / exact.norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+        errors.append(relative.clamp(max=1.0).view(groups, -1).mean(-1))
+    return torch.stack(errors).mean(0) if errors else k.new_zeros(groups, dtype=torch.float32)
