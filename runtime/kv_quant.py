@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import PlanError
+
 BITS = (16, 8, 4)  # 16: the cache's own dtype (not quantized)
 
 
@@ -141,3 +143,45 @@ def concat(a: QuantizedKV | None, b: QuantizedKV) -> QuantizedKV:
     return QuantizedKV(
         *(torch.cat((x, y), dim=2) for x, y in ((a.codes, b.codes), (a.scale, b.scale), (a.zero, b.zero)))
     )
+
+
+def check_code_sizes(policy: str, kv_bits: int, sizes: dict[str, int], defaults: dict[str, int]) -> None:
+    """`PlanError` unless kv_bits is a known width; a 16-bit head takes no code sizes (`sizes` vs `defaults`)."""
+    if kv_bits not in BITS:
+        raise PlanError(f"{policy}: kv_bits must be one of {', '.join(map(str, BITS))}, got {kv_bits}")
+    if kv_bits == 16 and sizes != defaults:
+        names = " and ".join(defaults)
+        raise PlanError(f"{policy}: {names} size the codes of kv_bits 8 or 4; a 16-bit head has none")
+
+
+def check_code_head_dim(policy: str, kv_bits: int, group: int, head_dim: int) -> None:
+    """`PlanError` unless codes of `kv_bits` in groups of `group` channels fit heads of `head_dim`."""
+    if kv_bits == 4 and head_dim % 2:
+        raise PlanError(f"{policy}: 4-bit codes pack two channels per byte; head_dim {head_dim} is odd: use kv_bits=8")
+    if kv_bits < 16 and head_dim % group:
+        divisor = next(g for g in (128, 64, 32, 16, 8, 4, 2, 1) if head_dim % g == 0)
+        raise PlanError(
+            f"{policy}: group {group} does not divide head_dim {head_dim} (values are quantized over groups "
+            f"of channels); use a divisor such as {divisor}"
+        )
+
+
+def token_code_bytes(head_dim: int, bits: int, group: int, dtype_bytes: int) -> int:
+    """Bytes of one token's keys or values coded on their own (codes, a scale and zero per group of channels)."""
+    return head_dim * bits // 8 + 2 * (head_dim // group) * dtype_bytes
+
+
+def encode_tokens(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    """x [B, G, N, D] -> uint8 [B, G, N, token_code_bytes]: each token's codes, scales and zero points
+    (per token over groups of `group` channels, as values are) packed in one byte row, so a slot
+    moves, gathers and scatters as one row (what policies that evict single tokens need)."""
+    q = quantize_values(x, bits, group)
+    return torch.cat((q.codes, q.scale.contiguous().view(torch.uint8), q.zero.contiguous().view(torch.uint8)), dim=-1)
+
+
+def decode_tokens(rows: torch.Tensor, bits: int, group: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of `encode_tokens`: uint8 [B, G, N, W] -> [B, G, N, head_dim] in `dtype`."""
+    width, params = head_dim * bits // 8, (head_dim // group) * torch.empty((), dtype=dtype).element_size()
+    scale = rows[..., width : width + params].contiguous().view(dtype)
+    zero = rows[..., width + params :].contiguous().view(dtype)
+    return dequantize_values(QuantizedKV(rows[..., :width], scale, zero), bits, group, dtype)

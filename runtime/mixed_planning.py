@@ -45,7 +45,7 @@ class MixChoice:
         return sum(self.losses[h][c] for h, c in enumerate(self.choice))
 
     def counts(self) -> dict[str, int]:
-        """Policy name -> KV heads that got it (in the order of `policies`)."""
+        """Policy label (`full`, `full-kv4`, `sink_window`, ...) -> KV heads that got it (order of `policies`)."""
         return {p.label: sum(c == i for c in self.choice) for i, p in enumerate(self.policies)}
 
     def report(self) -> dict[str, Any]:
@@ -62,9 +62,12 @@ def mix_policies(deploy, names: Sequence[str], full: Full, group: int, **sizes: 
     groups of `group`), others with the given sizes, else the profile's deploy sizes."""
     policies = []
     for name in names:
-        quantized = QUANTIZED_FULL.fullmatch(name)
-        policies.append(Full.storing(int(quantized[1]), group) if quantized else deploy.sized(name, **sizes))
-    return [full if p == Full() else p for p in policies]
+        coded = QUANTIZED_FULL.fullmatch(name)
+        if name == "full":
+            policies.append(full)
+        else:
+            policies.append(Full.storing(int(coded[1]), group) if coded else deploy.sized(name, **sizes))
+    return policies
 
 
 def check_mix(policies: Sequence[HeadPolicy], unit: str) -> None:

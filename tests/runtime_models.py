@@ -53,6 +53,21 @@ def padded_decode_steps(steps: int, padded: tuple[int, ...], seed: int = 5):
     return tokens, new_mask
 
 
+def greedy_with_logits(model, ids, mask, cache=None, steps=12, **kwargs):
+    """Greedy tokens [B, prompt + steps] and the logits of every step [steps, B, V]."""
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=steps,
+        do_sample=False,
+        cache=cache,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    return out.sequences, torch.stack(out.logits)
+
+
 @torch.no_grad()
 def drive_decode(model, ids, mask, cache, tokens, new_mask):
     """Prefill, then feed `tokens` one step at a time with their mask column; last logits per step [B, 1 + steps, V]."""

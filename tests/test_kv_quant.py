@@ -199,7 +199,7 @@ def test_fewer_bits_fit_more_tokens_and_spend_a_budget_on_fewer_bounded_heads():
         (dict(kv_bits=True), "kv_bits must be an integer"),
         (dict(kv_bits=8, group=0), "group must be an integer of at least 1"),
         (dict(kv_bits=8, residual=-1), "residual must be an integer of at least 0"),
-        (dict(group=16), "a 16-bit full head has none"),
+        (dict(group=16), "a 16-bit head has none"),
     ],
 )
 def test_bad_quantization_sizes_are_refused(sizes, message):

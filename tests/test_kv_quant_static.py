@@ -8,20 +8,7 @@ import duocal_runtime as dr
 from duocal_runtime import kv_quant as Q
 
 from runtime_models import drive_decode, left_padded_batch, padded_decode_steps, tiny_model
-
-
-def greedy(model, ids, mask, cache, steps, **kwargs):
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=steps,
-        do_sample=False,
-        cache=cache,
-        output_logits=True,
-        return_dict_in_generate=True,
-        **kwargs,
-    )
-    return out.sequences, torch.stack(out.logits)
+from runtime_models import greedy_with_logits as greedy
 
 
 def quantized_plan(model, bits, group=8, residual=8, streaming=False) -> dr.Plan:

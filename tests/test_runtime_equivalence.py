@@ -13,23 +13,11 @@ import duocal_runtime as dr
 from reference_attention import NAME as REFERENCE
 from reference_attention import DenseReference
 from runtime_models import FAMILIES, left_padded_batch, tiny_model
+from runtime_models import greedy_with_logits as greedy
 
 
 def all_full(model) -> dr.Plan:
     return dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())
-
-
-def greedy(model, ids, mask, cache=None, steps=12):
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=steps,
-        do_sample=False,
-        cache=cache,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences, torch.stack(out.logits)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -9,24 +9,12 @@ from duocal_runtime.policies.full import full_capacity
 
 from reference_attention import NAME, DenseReference, runtime_kept_ranks
 from runtime_models import drive_decode, left_padded_batch, padded_decode_steps, tiny_model
+from runtime_models import greedy_with_logits as run
 
 MIXED = [
     [dr.SinkWindow(3, 5), dr.H2O(4, 3)],
     [dr.SinkH2O(2, 3, 4), dr.Full()],
 ]
-
-
-def run(model, ids, mask, cache, steps):
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=steps,
-        do_sample=False,
-        cache=cache,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences, torch.stack(out.logits)
 
 
 def reference_run(model, plan, ids, mask, steps):

@@ -5,38 +5,28 @@ GQA/MHA and family; compiled with `fullgraph=True` (no graph break anywhere in a
 it must give the same tokens too.
 """
 
+from functools import partial
+
 import pytest
 import torch
 from transformers import CompileConfig
 
 import duocal_runtime as dr
 
-from runtime_models import drive_decode, left_padded_batch, padded_decode_steps, tiny_model
+from runtime_models import drive_decode, greedy_with_logits, left_padded_batch, padded_decode_steps, tiny_model
 
 MIXED = [
     [dr.SinkWindow(3, 5), dr.H2O(4, 3)],
     [dr.SinkH2O(2, 3, 4), dr.Full()],
 ]
 
+greedy = partial(greedy_with_logits, steps=16)
+
 
 def mixed_plan(model) -> dr.Plan:
     shape = dr.shape_of_config(model.config)
     table = MIXED if shape.num_key_value_heads == 2 else [row + row for row in MIXED]
     return dr.Plan(shape, table)
-
-
-def greedy(model, ids, mask, cache, steps=16, **kwargs):
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=steps,
-        do_sample=False,
-        cache=cache,
-        output_logits=True,
-        return_dict_in_generate=True,
-        **kwargs,
-    )
-    return out.sequences, torch.stack(out.logits)
 
 
 @pytest.mark.parametrize("family", ["llama", "llama_mha", "mistral", "qwen2", "qwen3"])

@@ -8,11 +8,14 @@
 | `stream50` / `stream75` | duocal, 50% / 75% of KV heads sink 64 + recent 256 | duocal |
 | `h2o50` | duocal, H2O on every head at the KV bytes of `stream50` | duocal |
 | `full-kv8` / `full-kv4` / `stream50-kv4` | duocal, full heads in 8- / 4-bit KIVI codes | duocal, blocked over codes |
+| `h2o50-kv4` | duocal, `h2o50` with each slot in 4-bit codes of its own token | duocal, slots decoded |
 | `quanto4` | transformers `QuantizedCache` (optimum-quanto 4-bit, residual 128, groups of 32) | sdpa, all dequantized |
 | `<row>-compiled` | the duocal row's static cache (`max_length`), decode compiled (16-bit and KIVI rows) | duocal |
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from transformers import DynamicCache, StaticCache
@@ -22,8 +25,8 @@ from duocal_runtime.policies.static_buffers import mark_static
 
 SINK, RECENT = 64, 256
 DUO_ROWS = ("full", "stream50", "stream75", "h2o50")
-QUANTIZED_ROWS = ("full-kv8", "full-kv4", "stream50-kv4", "quanto4")
-COMPILEABLE_ROWS = (*DUO_ROWS, "full-kv8", "full-kv4", "stream50-kv4")
+QUANTIZED_ROWS = ("full-kv8", "full-kv4", "stream50-kv4", "h2o50-kv4", "quanto4")
+COMPILEABLE_ROWS = (*DUO_ROWS, "full-kv8", "full-kv4", "stream50-kv4", "h2o50-kv4")
 ROWS = ("dynamic", "static", *DUO_ROWS, *QUANTIZED_ROWS, *(f"{r}-compiled" for r in COMPILEABLE_ROWS))
 QUANTO = dict(backend="quanto", nbits=4, residual_length=128, q_group_size=32)
 
@@ -45,7 +48,7 @@ def is_compiled(row: str) -> bool:
 def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
     """The plan of a duocal row (None for transformers' caches). Random weights: any head choice is as good."""
     row, bits = kv_bits_of(base_row(row))
-    if bits != 16:
+    if bits != 16 and row != "h2o50":
         return dr.with_kv_bits(row_plan(row, shape, context), bits)
     window = dr.SinkWindow(SINK, RECENT)
     if row == "full":
@@ -55,7 +58,8 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
         return dr.plan_from_bounded_set(shape, set(range(count)), window)
     if row == "h2o50":
         budget = (context + window.budget) // 2  # per head: the mean of full and streaming
-        return dr.uniform_plan(shape, dr.H2O(heavy=budget - budget // 2, recent=budget // 2))
+        coded = {} if bits == 16 else {"kv_bits": bits, "group": math.gcd(32, shape.head_dim)}
+        return dr.uniform_plan(shape, dr.H2O(heavy=budget - budget // 2, recent=budget // 2, **coded))
     if row in ("dynamic", "static", "quanto4"):
         return None
     raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS)}")

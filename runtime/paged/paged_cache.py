@@ -45,11 +45,12 @@ class LayerHeads:
 
 
 def refuse_quantized(plan: Plan) -> None:
-    """Pages hold keys and values in the cache's dtype: quantized full heads are not served yet."""
-    bits = sorted({p.kv_bits for row in plan.policies for p in row if getattr(p, "quantized", False)})
-    if bits:
+    """Full heads' pages hold keys and values in the cache's dtype: coded full heads are not served yet
+    (coded bounded heads are: their static group's rows of codes are what their blocks hold)."""
+    coded = sorted({p.label for row in plan.policies for p in row if not p.bounded and getattr(p, "quantized", False)})
+    if coded:
         raise PlanError(
-            f"this plan stores full heads in {'/'.join(map(str, bits))}-bit codes, which continuous batching "
+            f"this plan stores heads in codes ({', '.join(coded)}), which continuous batching "
             "(generate_batch, duocal serve) does not page yet; serve a 16-bit plan (kv_bits=16) or run "
             "the quantized plan with model.generate()"
         )

@@ -14,10 +14,12 @@ import torch
 
 from ..dense_attention import attend_every_slot, decode_sdpa
 from ..errors import PlanError
-from ..kv_quant import BITS, quantized_bytes
+from ..kv_quant import check_code_head_dim, check_code_sizes, quantized_bytes
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
 from .growth import full_capacity
 from .static_buffers import allocate_static, check_room
+
+CODE_DEFAULTS = {"group": 32, "residual": 128}
 
 
 @register_policy
@@ -38,10 +40,7 @@ class Full(HeadPolicy):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise PlanError(f"full: {name} must be an integer of at least {least}, got {value!r}")
-        if self.kv_bits not in BITS:
-            raise PlanError(f"full: kv_bits must be one of {', '.join(map(str, BITS))}, got {self.kv_bits}")
-        if self.kv_bits == 16 and (self.group, self.residual) != (32, 128):
-            raise PlanError("full: group and residual size the codes of kv_bits 8 or 4; a 16-bit full head has none")
+        check_code_sizes("full", self.kv_bits, {"group": self.group, "residual": self.residual}, CODE_DEFAULTS)
 
     @classmethod
     def storing(cls, kv_bits: int = 16, group: int = 32) -> Full:
@@ -63,14 +62,7 @@ class Full(HeadPolicy):
         return quantized_bytes(seq_len, head_dim, self.kv_bits, self.group, self.residual, dtype_bytes)
 
     def check_head_dim(self, head_dim: int) -> None:
-        if self.kv_bits == 4 and head_dim % 2:
-            raise PlanError(f"full: 4-bit codes pack two channels per byte; head_dim {head_dim} is odd: use kv_bits=8")
-        if self.quantized and head_dim % self.group:
-            divisor = next(g for g in (128, 64, 32, 16, 8, 4, 2, 1) if head_dim % g == 0)
-            raise PlanError(
-                f"full: group {self.group} does not divide head_dim {head_dim} (values are quantized over groups "
-                f"of channels); use a divisor such as {divisor}"
-            )
+        check_code_head_dim("full", self.kv_bits, self.group, head_dim)
 
     def keeps(self, k_rank, real_total, score=None):
         return k_rank >= 0

@@ -8,6 +8,11 @@ A pass appends its tokens, attends over everything stored (causally within the p
 query's probabilities to the scores, then evicts down to the budget. `rank` and `score` are
 [B, G, S]: each head keeps its own set. A decode step needs no copy: the new token overwrites the
 evicted slot (slots are unordered).
+
+`kv_bits` 8 or 4 stores each slot's keys and values as codes of that token alone (per token over
+groups of `group` channels, kv_quant.encode_tokens): a slot is evicted and refilled on its own, so
+KIVI's keys per channel over groups of tokens have no place here. Stored slots are decoded for each
+pass (at most `budget` per head); a pass's own tokens are attended in full precision.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import dense_attention as DA
+from .. import kv_quant as Q
 from .. import ranks as R
 from ..scored_attention import attention_with_mass
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
@@ -69,12 +75,52 @@ class HeavyHitterPolicy(HeadPolicy):
         return H2OGroup(self, kv_heads, rep) if max_length is None else StaticH2OGroup(self, kv_heads, rep)
 
 
+class CodedHeavyHitterPolicy(HeavyHitterPolicy):
+    """`h2o` and `sink_h2o`: the rule, and slots stored in `kv_bits` (16, 8, 4) with codes in groups of
+    `group` channels (fields each declares after its sizes, so positional sizes stay as they were)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        Q.check_code_sizes(self.name, self.kv_bits, {"group": self.group}, {"group": 32})
+
+    @property
+    def budget(self) -> int:
+        return self.sinks_kept + self.heavy + self.recent
+
+    @property
+    def quantized(self) -> bool:
+        return self.kv_bits < 16
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}-kv{self.kv_bits}" if self.quantized else self.name
+
+    def sizes(self) -> dict[str, int]:
+        sizes = super().sizes()
+        return sizes if self.quantized else {k: v for k, v in sizes.items() if k not in ("kv_bits", "group")}
+
+    def kv_bytes(self, seq_len: int, head_dim: int, dtype_bytes: int) -> int:
+        if not self.quantized:
+            return super().kv_bytes(seq_len, head_dim, dtype_bytes)
+        return 2 * self.tokens_kept(seq_len) * Q.token_code_bytes(head_dim, self.kv_bits, self.group, dtype_bytes)
+
+    def check_head_dim(self, head_dim: int) -> None:
+        Q.check_code_head_dim(self.name, self.kv_bits, self.group, head_dim)
+
+    def make_group(self, kv_heads, rep, max_length=None):
+        if not self.quantized:
+            return super().make_group(kv_heads, rep, max_length)
+        return (CodedH2OGroup if max_length is None else StaticCodedH2OGroup)(self, kv_heads, rep)
+
+
 @register_policy
 @dataclass(frozen=True)
-class H2O(HeavyHitterPolicy):
+class H2O(CodedHeavyHitterPolicy):
     name = "h2o"
     heavy: int = 128
     recent: int = 128
+    kv_bits: int = 16
+    group: int = 32
 
 
 class H2OGroup(HeadGroup):
@@ -93,17 +139,34 @@ class H2OGroup(HeadGroup):
             return self._decode_in_place(q, k, v, step.new_ranks[:, 0], None, step.real_after, step.scaling)
         return self._attend_chunk(q, k, v, step)
 
+    def _readable(self, stored: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """Stored keys or values as attention reads them ([B, G, S, D], typed like the new `like`);
+        storage as it is in 16 bits."""
+        return stored
+
+    def _stored_form(self, x: torch.Tensor) -> torch.Tensor:
+        """New keys or values [B, G, T, D] as the slots store them."""
+        return x
+
     def _attend_chunk(self, q, k, v, step: Step):
         b, g, t, _ = k.shape
         if self.k is None:
-            self.k, self.v = k[:, :, :0], v[:, :, :0]
+            self.k, self.v = self._stored_form(k[:, :, :0]), self._stored_form(v[:, :, :0])
             self.rank = k.new_zeros(b, g, 0, dtype=torch.long)
             self.score = k.new_zeros(b, g, 0, dtype=torch.float32)
-        self.k, self.v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        keys = torch.cat([self._readable(self.k, k), k], dim=2)  # the pass's own tokens as they came
+        values = torch.cat([self._readable(self.v, v), v], dim=2)
+        self.k = torch.cat([self.k, self._stored_form(k)], dim=2)
+        self.v = torch.cat([self.v, self._stored_form(v)], dim=2)
         self.rank = torch.cat([self.rank, step.new_ranks[:, None, :].expand(b, g, t)], dim=2)
         self.score = torch.cat([self.score, self.score.new_zeros(b, g, t)], dim=2)
-        out = self._attend_and_score(q, step)
+        out = self._attend_and_score(q, keys, values, step)
         self._evict(step.real_after)
+        return out
+
+    def _attend_and_score(self, q, keys, values, step: Step):
+        out, mass = attention_with_mass(q, keys, values, step.new_ranks, self.rank, step.scaling)
+        self.score += mass
         return out
 
     def _decode_in_place(self, q, k, v, new_rank, valid, real_after, scaling):
@@ -111,21 +174,23 @@ class H2OGroup(HeadGroup):
         attend over stored + new, score, then overwrite the lowest-priority slot (an empty one
         first) with it. No shape depends on data."""
         qg = DA.gqa_queries(q, self.num_kv).float()  # [B, G, R, D]
-        stored = torch.matmul(qg, self.k.float().transpose(-1, -2)) * scaling  # [B, G, R, S]
+        keys, values = self._readable(self.k, k), self._readable(self.v, v)
+        stored = torch.matmul(qg, keys.float().transpose(-1, -2)) * scaling  # [B, G, R, S]
         stored = stored.masked_fill((self.rank < 0)[:, :, None, :], float("-inf"))
         new = (qg * k.float()).sum(-1, keepdim=True) * scaling  # [B, G, R, 1]
         if valid is not None:  # a padding token attends nothing real: finite, so no row is all -inf
             new = new.masked_fill(~valid[:, None, None, None], -1e30)
         probs = torch.softmax(torch.cat([stored, new], dim=-1), dim=-1)
         old_p, new_p = probs[..., :-1], probs[..., -1:]
-        out = torch.matmul(old_p.to(self.v.dtype), self.v) + new_p.to(v.dtype) * v
+        out = torch.matmul(old_p.to(values.dtype), values) + new_p.to(v.dtype) * v
         mass = probs.sum(2)  # [B, G, S + 1]: summed over the group's query heads
         if valid is not None:
             mass = mass * valid[:, None, None]  # padding queries add no attention mass
         self.score += mass[..., :-1]
         priority = self.policy.priority(self.score, self.rank, real_after[:, None])
         slot = priority.argmin(-1, keepdim=True)  # [B, G, 1]: an empty slot, else the lowest-scoring evictable
-        self._write_slot(slot, k, v, new_rank[:, None, None].expand_as(slot), mass[..., -1:], valid)
+        rank = new_rank[:, None, None].expand_as(slot)
+        self._write_slot(slot, self._stored_form(k), self._stored_form(v), rank, mass[..., -1:], valid)
         return DA.gqa_outputs(out, q.shape[1])
 
     def _write_slot(self, slot, k, v, rank, score, valid) -> None:
@@ -145,11 +210,6 @@ class H2OGroup(HeadGroup):
         self.rank = torch.cat([self.rank, self.rank.new_full((b, g, 1), -1)], dim=2)
         self.score = torch.cat([self.score, self.score.new_zeros(b, g, 1)], dim=2)
 
-    def _attend_and_score(self, q, step: Step):
-        out, mass = attention_with_mass(q, self.k, self.v, step.new_ranks, self.rank, step.scaling)
-        self.score += mass
-        return out
-
     def _evict(self, real_after):
         keep = self.policy.keep_slots(self.policy.priority(self.score, self.rank, real_after[:, None]))
         if keep is None:
@@ -159,8 +219,8 @@ class H2OGroup(HeadGroup):
 
     def fill(self, batch, context, head_dim, dtype, device):
         kept = self.policy.tokens_kept(context)
-        self.k = torch.randn(batch, self.num_kv, kept, head_dim, dtype=dtype, device=device)
-        self.v = torch.randn_like(self.k)
+        self.k = self._stored_form(torch.randn(batch, self.num_kv, kept, head_dim, dtype=dtype, device=device))
+        self.v = self._stored_form(torch.randn(batch, self.num_kv, kept, head_dim, dtype=dtype, device=device))
         self.rank = torch.arange(context - kept, context, device=device).expand(batch, self.num_kv, kept).clone()
         self.score = torch.rand(batch, self.num_kv, kept, device=device)
 
@@ -187,3 +247,19 @@ class StaticH2OGroup(H2OGroup):
     def fill(self, batch, context, head_dim, dtype, device):
         super().fill(batch, context, head_dim, dtype, device)
         self._pad_to_budget()
+
+
+class CodedH2OGroup(H2OGroup):
+    """Slots as rows of codes: `self.k` / `self.v` uint8 [B, G, S, token_code_bytes] (kv_quant.encode_tokens,
+    the scale and zero point packed beside each token's codes), so every slot operation above (append,
+    gather on eviction, a decode step's scatter, beam reordering, static buffers) moves a row as it is."""
+
+    def _stored_form(self, x: torch.Tensor) -> torch.Tensor:
+        return Q.encode_tokens(x, self.policy.kv_bits, self.policy.group)
+
+    def _readable(self, stored: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return Q.decode_tokens(stored, self.policy.kv_bits, self.policy.group, like.shape[-1], like.dtype)
+
+
+class StaticCodedH2OGroup(CodedH2OGroup, StaticH2OGroup):
+    """`budget` fixed rows of codes per head (the h2o static group's slots)."""

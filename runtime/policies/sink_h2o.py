@@ -9,16 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import register_policy
-from .h2o import HeavyHitterPolicy
+from .h2o import CodedHeavyHitterPolicy
 
 
 @register_policy
 @dataclass(frozen=True)
-class SinkH2O(HeavyHitterPolicy):
+class SinkH2O(CodedHeavyHitterPolicy):
     name = "sink_h2o"
     sink: int = 4
     heavy: int = 124
     recent: int = 128
+    kv_bits: int = 16
+    group: int = 32
 
     @property
     def sinks_kept(self) -> int:

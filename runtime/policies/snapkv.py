@@ -78,18 +78,18 @@ class SnapKVGroup(H2OGroup):
 
     policy: SnapKV
 
-    def _attend_and_score(self, q, step: Step):
-        out, _ = attention_with_mass(q, self.k, self.v, step.new_ranks, self.rank, step.scaling)
-        self.score = self._selection(q, step)
+    def _attend_and_score(self, q, keys, values, step: Step):
+        out, _ = attention_with_mass(q, keys, values, step.new_ranks, self.rank, step.scaling)
+        self.score = self._selection(q, keys, values, step)
         return out
 
-    def _selection(self, q, step: Step) -> torch.Tensor:
+    def _selection(self, q, keys, values, step: Step) -> torch.Tensor:
         """Scores after this pass: PINNED for the `selected` tokens the last `window` queries chose."""
         w = min(self.policy.window, q.shape[2])
         q_rank = step.new_ranks[:, -w:]  # [B, W]; rows are left padded, so the pass ends with real tokens
         visible = DA.expand_mask_over_heads(R.causal_rank_mask(q_rank[:, None], self.rank), q.shape[1] // self.num_kv)
         _, probs = DA.attention(
-            DA.gqa_queries(q[:, :, -w:], self.num_kv), self.k, self.v, visible, step.scaling, want_probs=True
+            DA.gqa_queries(q[:, :, -w:], self.num_kv), keys, values, visible, step.scaling, want_probs=True
         )
         mass = pooled_in_rank_order(probs.sum(2), self.rank)  # [B, G, S]
         chosen = self.policy.keeps(self.rank, step.real_after[:, None], mass)
