@@ -53,6 +53,16 @@ def padded_decode_steps(steps: int, padded: tuple[int, ...], seed: int = 5):
     return tokens, new_mask
 
 
+def cpu_compile_config():
+    """What generate() compiles a static cache's decode step with in tests: fullgraph (a graph break
+    fails), on CPU too (transformers compiles on CUDA by default, on CPU only when asked)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=True, mode="default", dynamic=False)
+    config._compile_all_devices = True
+    return config
+
+
 def greedy_with_logits(model, ids, mask, cache=None, steps=12, **kwargs):
     """Greedy tokens [B, prompt + steps] and the logits of every step [steps, B, V]."""
     out = model.generate(

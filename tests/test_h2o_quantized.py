@@ -3,14 +3,20 @@ slot operation on them, bytes as counted, static = dynamic, and the 16-bit polic
 
 import pytest
 import torch
-from transformers import CompileConfig
 
 import duocal_runtime as dr
 from duocal_runtime import kv_quant as Q
 from duocal_runtime.policies.base import Step, policy_from_dict
 from duocal_runtime.policies.h2o import H2OGroup
 
-from runtime_models import drive_decode, greedy_with_logits, left_padded_batch, padded_decode_steps, tiny_model
+from runtime_models import (
+    cpu_compile_config,
+    drive_decode,
+    greedy_with_logits,
+    left_padded_batch,
+    padded_decode_steps,
+    tiny_model,
+)
 
 CODED = [dr.H2O(5, 7, kv_bits=8, group=8), dr.SinkH2O(2, 5, 5, kv_bits=4, group=8)]
 
@@ -96,8 +102,7 @@ def test_compiled_static_decode_over_coded_slots_gives_the_eager_tokens_without_
     shape = dr.shape_of_config(model.config)
     plan = dr.Plan(shape, [[CODED[0], dr.Full(kv_bits=4, group=8, residual=8)], [CODED[1], dr.SinkWindow(3, 5)]])
     ids, mask = left_padded_batch([14, 9])
-    config = CompileConfig(fullgraph=True, mode="default", dynamic=False)
-    config._compile_all_devices = True  # transformers compiles on CUDA by default; CPU only when asked
+    config = cpu_compile_config()
     with dr.apply(model, plan) as runtime:
         want, want_logits = greedy_with_logits(model, ids, mask, runtime.new_cache(), 16)
         cache = runtime.new_cache(max_length=40)

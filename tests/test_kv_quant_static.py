@@ -2,12 +2,11 @@
 
 import pytest
 import torch
-from transformers import CompileConfig
 
 import duocal_runtime as dr
 from duocal_runtime import kv_quant as Q
 
-from runtime_models import drive_decode, left_padded_batch, padded_decode_steps, tiny_model
+from runtime_models import cpu_compile_config, drive_decode, left_padded_batch, padded_decode_steps, tiny_model
 from runtime_models import greedy_with_logits as greedy
 
 
@@ -95,8 +94,7 @@ def test_static_quantized_bytes_approach_the_analytic_size(bits):
 def test_compiled_static_quantized_decode_gives_the_eager_tokens_without_graph_breaks():
     model = tiny_model("llama")
     ids, mask = left_padded_batch([14, 9])
-    config = CompileConfig(fullgraph=True, mode="default", dynamic=False)
-    config._compile_all_devices = True  # transformers compiles on CUDA by default; CPU only when asked
+    config = cpu_compile_config()
     with dr.apply(model, quantized_plan(model, 4, group=4, residual=4, streaming=True)) as runtime:
         want, want_logits = greedy(model, ids, mask, runtime.new_cache(), 20)
         got, logits = greedy(model, ids, mask, runtime.new_cache(max_length=48), 20, compile_config=config)

@@ -9,11 +9,17 @@ from functools import partial
 
 import pytest
 import torch
-from transformers import CompileConfig
 
 import duocal_runtime as dr
 
-from runtime_models import drive_decode, greedy_with_logits, left_padded_batch, padded_decode_steps, tiny_model
+from runtime_models import (
+    cpu_compile_config,
+    drive_decode,
+    greedy_with_logits,
+    left_padded_batch,
+    padded_decode_steps,
+    tiny_model,
+)
 
 MIXED = [
     [dr.SinkWindow(3, 5), dr.H2O(4, 3)],
@@ -91,8 +97,7 @@ def test_compiled_static_decode_gives_the_eager_tokens_without_graph_breaks():
     """generate() compiles the decode step by itself for a compileable cache (on CPU when asked to)."""
     model = tiny_model("llama")
     ids, mask = left_padded_batch([14, 9])
-    config = CompileConfig(fullgraph=True, mode="default", dynamic=False)
-    config._compile_all_devices = True  # transformers compiles on CUDA by default; CPU only when asked
+    config = cpu_compile_config()
     with dr.apply(model, mixed_plan(model)) as runtime:
         want, want_logits = greedy(model, ids, mask, runtime.new_cache())
         got, logits = greedy(model, ids, mask, runtime.new_cache(max_length=48), compile_config=config)
