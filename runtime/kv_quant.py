@@ -179,9 +179,14 @@ def encode_tokens(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     return torch.cat((q.codes, q.scale.contiguous().view(torch.uint8), q.zero.contiguous().view(torch.uint8)), dim=-1)
 
 
-def decode_tokens(rows: torch.Tensor, bits: int, group: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """The inverse of `encode_tokens`: uint8 [B, G, N, W] -> [B, G, N, head_dim] in `dtype`."""
+def token_rows(rows: torch.Tensor, bits: int, group: int, head_dim: int, dtype: torch.dtype) -> QuantizedKV:
+    """`encode_tokens`' byte rows [B, G, N, W] as codes, scales and zero points (per token, as values)."""
     width, params = head_dim * bits // 8, (head_dim // group) * torch.empty((), dtype=dtype).element_size()
     scale = rows[..., width : width + params].contiguous().view(dtype)
     zero = rows[..., width + params :].contiguous().view(dtype)
-    return dequantize_values(QuantizedKV(rows[..., :width], scale, zero), bits, group, dtype)
+    return QuantizedKV(rows[..., :width], scale, zero)
+
+
+def decode_tokens(rows: torch.Tensor, bits: int, group: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of `encode_tokens`: uint8 [B, G, N, W] -> [B, G, N, head_dim] in `dtype`."""
+    return dequantize_values(token_rows(rows, bits, group, head_dim, dtype), bits, group, dtype)

@@ -59,19 +59,39 @@ def key_scores(qg: torch.Tensor, keys: Q.QuantizedKV, bits: int, group: int) -> 
     return scores.transpose(2, 3).reshape(b, g, -1, n)
 
 
+def channel_groups(codes: torch.Tensor, bits: int, group: int):
+    """(group index j, its first channel, codes of its `group` channels as fp32 [..., n, group]), in channel order."""
+    runs = Q.code_runs(codes, bits)
+    if any(run.shape[-1] % group for run in runs):  # a group spans both nibbles (head_dim < 2 × group)
+        runs = [torch.cat(runs, dim=-1)]
+    j, start = 0, 0
+    for run in runs:
+        for first in range(0, run.shape[-1], group):
+            yield j, start + first, run[..., first : first + group]
+            j += 1
+        start += run.shape[-1]
+
+
 def weighted_values(p: torch.Tensor, values: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor:
     """p [B, G, RT, n] times n coded values -> [B, G, RT, D]: per group of channels, (p × scale) @
     codes + p @ zero (matmuls over the tokens; the dequantized values are never formed)."""
-    runs = Q.code_runs(values.codes, bits)
-    if any(run.shape[-1] % group for run in runs):  # a group spans both nibbles (head_dim < 2 × group)
-        runs = [torch.cat(runs, dim=-1)]
-    scale, zero, outs = values.scale.float(), values.zero.float(), []
-    for run in runs:
-        for first in range(0, run.shape[-1], group):
-            j = len(outs)  # runs and groups come in channel order
-            weights = p * scale[:, :, None, :, j]
-            outs.append(weights @ run[..., first : first + group] + p @ zero[..., j : j + 1])
+    scale, zero = values.scale.float(), values.zero.float()
+    outs = [
+        (p * scale[:, :, None, :, j]) @ codes + p @ zero[..., j : j + 1]
+        for j, _, codes in channel_groups(values.codes, bits, group)
+    ]
     return torch.cat(outs, dim=-1)
+
+
+def token_key_scores(qg: torch.Tensor, keys: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor:
+    """qg [B, G, RT, D] against n keys coded per token (scales [B, G, n, D / group], as values are) ->
+    [B, G, RT, n]: per group of channels, (q · codes) × scale + (Σ q) × zero."""
+    scale, zero, scores = keys.scale.float(), keys.zero.float(), 0
+    for j, first, codes in channel_groups(keys.codes, bits, group):
+        part = qg[..., first : first + group]
+        scores = scores + (part @ codes.transpose(-1, -2)) * scale[:, :, None, :, j]
+        scores = scores + part.sum(-1, keepdim=True) * zero[:, :, None, :, j]
+    return scores
 
 
 def quantized_attention(q, quantized, residual_k, residual_v, masks, scaling: float, bits: int, group: int):

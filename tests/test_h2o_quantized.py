@@ -6,6 +6,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal_runtime import kv_quant as Q
+from duocal_runtime import quantized_attention as QA
 from duocal_runtime.policies.base import Step, policy_from_dict
 from duocal_runtime.policies.h2o import H2OGroup
 
@@ -33,6 +34,19 @@ def test_token_codes_round_trip_within_half_a_step_in_the_counted_bytes(bits):
     assert torch.equal(Q.decode_tokens(rows[:, :, [3, 1]], bits, 8, 32, torch.float32), back[:, :, [3, 1]])
     half = Q.encode_tokens(x.bfloat16(), bits, 8)  # scales and zero points in the cache's dtype
     assert half.shape[-1] == Q.token_code_bytes(32, bits, 8, 2) < rows.shape[-1]
+
+
+@pytest.mark.parametrize("bits, group", [(8, 8), (4, 8), (4, 16)], ids=["8-bit", "4-bit", "4-bit-group-over-nibbles"])
+def test_scores_and_outputs_read_from_token_codes_equal_those_over_their_values(bits, group):
+    torch.manual_seed(2)
+    keys, values, qg = torch.randn(2, 3, 40, 16), torch.randn(2, 3, 40, 16), torch.randn(2, 3, 4, 16)
+    coded_k, coded_v = (
+        Q.token_rows(Q.encode_tokens(x, bits, group), bits, group, 16, torch.float32) for x in (keys, values)
+    )
+    dense_k, dense_v = (Q.dequantize_values(c, bits, group, torch.float32) for c in (coded_k, coded_v))
+    torch.testing.assert_close(QA.token_key_scores(qg, coded_k, bits, group), qg @ dense_k.transpose(-1, -2))
+    p = torch.softmax(qg @ dense_k.transpose(-1, -2), -1)
+    torch.testing.assert_close(QA.weighted_values(p, coded_v, bits, group), p @ dense_v)
 
 
 class DequantizedH2OGroup(H2OGroup):

@@ -11,8 +11,9 @@ evicted slot (slots are unordered).
 
 `kv_bits` 8 or 4 stores each slot's keys and values as codes of that token alone (per token over
 groups of `group` channels, kv_quant.encode_tokens): a slot is evicted and refilled on its own, so
-KIVI's keys per channel over groups of tokens have no place here. Stored slots are decoded for each
-pass (at most `budget` per head); a pass's own tokens are attended in full precision.
+KIVI's keys per channel over groups of tokens have no place here. A decode step reads the stored
+codes as they are (quantized_attention.token_key_scores / weighted_values), a prefill pass decodes
+them (at most `budget` per head); a pass's own tokens are attended in full precision.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from .. import dense_attention as DA
 from .. import kv_quant as Q
+from .. import quantized_attention as QA
 from .. import ranks as R
 from ..scored_attention import attention_with_mass
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
@@ -174,15 +176,14 @@ class H2OGroup(HeadGroup):
         attend over stored + new, score, then overwrite the lowest-priority slot (an empty one
         first) with it. No shape depends on data."""
         qg = DA.gqa_queries(q, self.num_kv).float()  # [B, G, R, D]
-        keys, values = self._readable(self.k, k), self._readable(self.v, v)
-        stored = torch.matmul(qg, keys.float().transpose(-1, -2)) * scaling  # [B, G, R, S]
+        stored = self._stored_scores(qg, k) * scaling  # [B, G, R, S]
         stored = stored.masked_fill((self.rank < 0)[:, :, None, :], float("-inf"))
         new = (qg * k.float()).sum(-1, keepdim=True) * scaling  # [B, G, R, 1]
         if valid is not None:  # a padding token attends nothing real: finite, so no row is all -inf
             new = new.masked_fill(~valid[:, None, None, None], -1e30)
         probs = torch.softmax(torch.cat([stored, new], dim=-1), dim=-1)
         old_p, new_p = probs[..., :-1], probs[..., -1:]
-        out = torch.matmul(old_p.to(values.dtype), values) + new_p.to(v.dtype) * v
+        out = self._stored_output(old_p, v) + new_p.to(v.dtype) * v
         mass = probs.sum(2)  # [B, G, S + 1]: summed over the group's query heads
         if valid is not None:
             mass = mass * valid[:, None, None]  # padding queries add no attention mass
@@ -192,6 +193,14 @@ class H2OGroup(HeadGroup):
         rank = new_rank[:, None, None].expand_as(slot)
         self._write_slot(slot, self._stored_form(k), self._stored_form(v), rank, mass[..., -1:], valid)
         return DA.gqa_outputs(out, q.shape[1])
+
+    def _stored_scores(self, qg: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """qg [B, G, R, D] (fp32) against every stored slot's key -> [B, G, R, S], unscaled."""
+        return torch.matmul(qg, self.k.float().transpose(-1, -2))
+
+    def _stored_output(self, p: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """p [B, G, R, S] times the stored values -> [B, G, R, D] in `like`'s dtype."""
+        return torch.matmul(p.to(self.v.dtype), self.v)
 
     def _write_slot(self, slot, k, v, rank, score, valid) -> None:
         """Put the new token in `slot` [B, G, 1] (rows whose token is padding keep the old one)."""
@@ -259,6 +268,16 @@ class CodedH2OGroup(H2OGroup):
 
     def _readable(self, stored: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return Q.decode_tokens(stored, self.policy.kv_bits, self.policy.group, like.shape[-1], like.dtype)
+
+    def _codes(self, stored: torch.Tensor, like: torch.Tensor) -> Q.QuantizedKV:
+        return Q.token_rows(stored, self.policy.kv_bits, self.policy.group, like.shape[-1], like.dtype)
+
+    def _stored_scores(self, qg, like):  # a decode step reads the codes as they are (quantized_attention.py)
+        return QA.token_key_scores(qg, self._codes(self.k, like), self.policy.kv_bits, self.policy.group)
+
+    def _stored_output(self, p, like):
+        values = self._codes(self.v, like)
+        return QA.weighted_values(p, values, self.policy.kv_bits, self.policy.group).to(like.dtype)
 
 
 class StaticCodedH2OGroup(CodedH2OGroup, StaticH2OGroup):
