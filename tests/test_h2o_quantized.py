@@ -52,6 +52,8 @@ def test_scores_and_outputs_read_from_token_codes_equal_those_over_their_values(
 class DequantizedH2OGroup(H2OGroup):
     """The reference: a 16-bit h2o group whose stored keys and values are the codes' values."""
 
+    coded = True  # storage is not the tokens as they came: a pass attends to its own tokens as they came
+
     def _stored_form(self, x):
         p = self.policy
         return Q.decode_tokens(Q.encode_tokens(x, p.kv_bits, p.group), p.kv_bits, p.group, x.shape[-1], x.dtype)

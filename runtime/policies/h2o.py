@@ -129,6 +129,7 @@ class H2OGroup(HeadGroup):
     """Stores at most `budget` slots per head (one more during a decode step, before eviction)."""
 
     policy: HeavyHitterPolicy
+    coded = False  # slots hold rows of codes (CodedH2OGroup)
 
     def __init__(self, policy, kv_heads, rep):
         super().__init__(policy, kv_heads, rep)
@@ -156,10 +157,13 @@ class H2OGroup(HeadGroup):
             self.k, self.v = self._stored_form(k[:, :, :0]), self._stored_form(v[:, :, :0])
             self.rank = k.new_zeros(b, g, 0, dtype=torch.long)
             self.score = k.new_zeros(b, g, 0, dtype=torch.float32)
-        keys = torch.cat([self._readable(self.k, k), k], dim=2)  # the pass's own tokens as they came
-        values = torch.cat([self._readable(self.v, v), v], dim=2)
-        self.k = torch.cat([self.k, self._stored_form(k)], dim=2)
-        self.v = torch.cat([self.v, self._stored_form(v)], dim=2)
+        old_k, old_v = self.k, self.v
+        self.k = torch.cat([old_k, self._stored_form(k)], dim=2)
+        self.v = torch.cat([old_v, self._stored_form(v)], dim=2)
+        keys, values = self.k, self.v  # 16 bits: attention reads the storage itself
+        if self.coded:  # the stored slots decoded, the pass's own tokens as they came
+            keys = torch.cat([self._readable(old_k, k), k], dim=2)
+            values = torch.cat([self._readable(old_v, v), v], dim=2)
         self.rank = torch.cat([self.rank, step.new_ranks[:, None, :].expand(b, g, t)], dim=2)
         self.score = torch.cat([self.score, self.score.new_zeros(b, g, t)], dim=2)
         out = self._attend_and_score(q, keys, values, step)
@@ -262,6 +266,8 @@ class CodedH2OGroup(H2OGroup):
     """Slots as rows of codes: `self.k` / `self.v` uint8 [B, G, S, token_code_bytes] (kv_quant.encode_tokens,
     the scale and zero point packed beside each token's codes), so every slot operation above (append,
     gather on eviction, a decode step's scatter, beam reordering, static buffers) moves a row as it is."""
+
+    coded = True
 
     def _stored_form(self, x: torch.Tensor) -> torch.Tensor:
         return Q.encode_tokens(x, self.policy.kv_bits, self.policy.group)
