@@ -34,10 +34,9 @@ def coded_prefix(x: torch.Tensor, coded: int, policy: dr.Full, keys: bool) -> to
 
 def head_outputs(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
     """query [H, D] over keys / values [G, n, D] (H / G query heads per KV head) -> [H, D], in fp32."""
-    rep = query.shape[0] // keys.shape[0]
-    keys, values = keys.float().repeat_interleave(rep, 0), values.float().repeat_interleave(rep, 0)
-    probs = torch.softmax(torch.einsum("hd,htd->ht", query.float(), keys) * scale, -1)
-    return torch.einsum("ht,htd->hd", probs, values)
+    grouped = query.float().view(keys.shape[0], -1, query.shape[-1])  # [G, R, D]: each KV head's query heads
+    probs = torch.softmax(grouped @ keys.float().transpose(-1, -2) * scale, -1)  # no copy of keys per query head
+    return (probs @ values.float()).view(query.shape)
 
 
 def output_error(queries, k, v, rows: list[int], scale: float, policy: dr.Full) -> torch.Tensor:

@@ -82,8 +82,9 @@ class StaticQuantizedFullGroup(QuantizedFullGroup):
         self.k.index_copy_(2, slot, k)
         self.v.index_copy_(2, slot, v)
         coded = (position - p.residual).clamp(min=0) // p.group * p.group  # tokens coded before this step
-        history = tuple(
-            Q.QuantizedKV(*(getattr(self, f"{kind}_{part}") for part in ("codes", "scale", "zero"))) for kind in "kv"
+        history = (
+            Q.QuantizedKV(self.k_codes, self.k_scale, self.k_zero),
+            Q.QuantizedKV(self.v_codes, self.v_scale, self.v_zero),
         )
         masks = self._decode_masks(position, coded, step.pad_mask)
         out = quantized_attention(q, history, self.k, self.v, masks, step.scaling, p.kv_bits, p.group)
