@@ -126,12 +126,16 @@ def test_serving_benchmark_serves_every_request_and_keeps_each_row_it_measured(t
     dr.save_profile(profile.with_deploy(dr.SinkWindow(4, 16)), tmp_path / "p.json")
     out = tmp_path / "serving.json"
     args = ["--model", str(tmp_path / "model"), "--profile", str(tmp_path / "p.json"), "--requests", "4"]
-    serving.main([*args, "--prompt", "64:96", "--new", "2:4", "--rows", "plain,duo75", "--out", str(out)])
+    rows = "plain,duo75,duo75-kv4"
+    serving.main([*args, "--prompt", "64:96", "--new", "2:4", "--rows", rows, "--out", str(out)])
     data = json.loads(out.read_text())
     rows = {r["row"]: r for r in data["rows"]}
     news = [r.new for r in serving.workload(4, (64, 96), (2, 4), "burst", model.config.vocab_size)]
-    assert set(rows) == {"plain", "duo75"} and all(r["output_tokens"] == sum(news) for r in rows.values())
+    assert set(rows) == {"plain", "duo75", "duo75-kv4"} and all(r["output_tokens"] == sum(news) for r in rows.values())
     assert 0 < rows["duo75"]["kv_bytes_per_request"] < rows["plain"]["kv_bytes_per_request"]
+    assert rows["duo75-kv4"]["kv_bytes_per_request"] > 0  # short prompts: the residual's ring outweighs the codes
+    with pytest.raises(ValueError, match="unknown serving row 'duo80'"):  # refused before any work
+        serving.main([*args, "--rows", "plain,duo80", "--out", str(tmp_path / "other.json")])
     assert all(1 <= r["held_max"] <= 4 and r["tok_per_s"] > 0 for r in rows.values())
     assert "duo75" in capsys.readouterr().out
     with pytest.raises(IsADirectoryError):  # an output that cannot be written is refused before any work

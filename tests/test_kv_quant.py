@@ -212,14 +212,6 @@ def test_a_group_that_does_not_divide_head_dim_is_refused_with_a_divisor():
         dr.plan(random_profile(), sparsity=0.5, kv_bits=8, kv_group=24)
 
 
-def test_paged_caches_refuse_quantized_plans():
-    model = tiny_model("llama")
-    plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full(kv_bits=8, group=8))
-    with dr.apply(model, plan):
-        with pytest.raises(dr.PlanError, match="continuous batching .* does not page yet"):
-            model.generate_batch([[1, 2, 3]])
-
-
 @pytest.mark.parametrize("policy", [dr.Full(), dr.Full(kv_bits=8, group=8)], ids=["16-bit", "8-bit"])
 def test_full_groups_refuse_kept_ranks_whatever_their_width(policy):
     group = policy.make_group([0, 1], 2)

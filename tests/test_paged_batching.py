@@ -23,6 +23,10 @@ MIXED = {  # layer 0 / layer 1 of a 2-layer, 2-KV-head model
         [dr.H2O(6, 6, kv_bits=8, group=8), dr.Full()],
         [dr.SinkWindow(3, 9), dr.SinkH2O(2, 5, 6, kv_bits=4, group=8)],
     ],
+    "coded-full": [  # full heads in codes: codes in the pages, the residual in a ring among the slots
+        [dr.Full(kv_bits=8, group=8, residual=16), dr.Full()],
+        [dr.Full(kv_bits=4, group=8, residual=5), dr.SinkWindow(3, 9)],
+    ],
 }
 
 

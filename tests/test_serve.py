@@ -14,10 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
+import torch
 import uvicorn
 
 import duocal_runtime as dr
 from duocal.serving.startup import listening_socket, prepare_server
+from duocal_runtime.paged.coded_pages import page_size_for
 
 from helpers import random_profile
 
@@ -158,3 +160,37 @@ def test_the_pool_summary_counts_requests_the_scheduler_can_admit(server):
     assert summary["bytes_per_request"] < summary["plain_bytes_per_request"]
     assert summary["requests"] * cache.sectors_for(summary["context"]) <= cache.num_sectors + summary["requests"]
     assert json.dumps(summary)  # printable as it is
+
+
+def test_a_coded_plan_is_served_on_pages_of_whole_code_groups(server):
+    _, plain_summary, _ = server
+    served, summary = prepare_server(None, None, 0.5, None, None, 128, 2048, None, kv_bits=4)
+    try:
+        cache, runtime = served.manager.cache, served.runtime
+        page = cache.cache_allocators["full_attention"].tokens_per_page
+        assert page == page_size_for(runtime.plan) and all(page % p.group == 0 for p in coded_policies(runtime.plan))
+        assert summary["bytes_per_request"] < 0.6 * plain_summary["bytes_per_request"]
+        assert summary["requests"] > plain_summary["requests"]
+        prompt = [5 + i % 40 for i in range(295)]
+        want = runtime.model.generate(
+            input_ids=torch.tensor([prompt]), max_new_tokens=12, do_sample=False, cache=runtime.new_cache()
+        )[0, len(prompt) :].tolist()
+        rid = served.manager.add_request(prompt, max_new_tokens=12)
+        out = served.manager.get_result(request_id=rid, timeout=120)
+        while not out.is_finished():
+            out = served.manager.get_result(request_id=rid, timeout=120)
+        assert out.generated_tokens == want
+    finally:
+        served.manager.stop(block=True, hard_stop=True)
+        served.runtime.remove()
+
+
+def coded_policies(plan):
+    return [p for row in plan.policies for p in row if not p.bounded and p.quantized]
+
+
+def test_the_default_page_holds_whole_code_groups():
+    shape = dr.ModelShape(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    assert page_size_for(dr.uniform_plan(shape, dr.Full())) == 16
+    assert page_size_for(dr.uniform_plan(shape, dr.Full(kv_bits=4, group=32))) == 32
+    assert page_size_for(dr.uniform_plan(shape, dr.Full(kv_bits=8, group=8))) == 16

@@ -15,6 +15,8 @@ SERVE_EPILOG = """Examples:
 
   duocal serve ./my-model --profile mine.json --sparsity 0.75 --port 9000 --num-blocks 4096
 
+  duocal serve smollm2-135m-instruct --kv-memory 2GiB --kv-bits 4    # full heads in 4-bit codes
+
 Then: curl http://127.0.0.1:8000/v1/chat/completions -d '{"model": "NAME", "messages": [...]}'
 """
 
@@ -46,7 +48,15 @@ def serve_command(
     max_batch_tokens: Annotated[
         Optional[int], typer.Option(help="Tokens per forward pass (default: the model's context, at most 8192).")
     ] = None,
-    page_size: Annotated[int, typer.Option(help="Tokens per page of full heads.")] = 16,
+    page_size: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Tokens per page of full heads (default 16, or a multiple of the code group under --kv-bits)."
+        ),
+    ] = None,
+    kv_bits: Annotated[
+        int, typer.Option(help="Bits full heads store keys and values in: 16, 8 or 4 (KIVI codes below 16).")
+    ] = 16,
 ):
     """Serve MODEL with a plan over transformers' OpenAI-compatible endpoints (/v1/chat/completions,
     /v1/completions, streaming or not), continuous batching on duocal's paged cache. Prints the
@@ -56,7 +66,7 @@ def serve_command(
     with user_errors():
         sock = listening_socket(host, port)  # a port in use fails before the model loads
         served, summary = prepare_server(
-            model, profile, sparsity, budget, kv_memory, num_blocks, max_batch_tokens, page_size
+            model, profile, sparsity, budget, kv_memory, num_blocks, max_batch_tokens, page_size, kv_bits
         )
     bound = sock.getsockname()[1]
     typer.echo(f"serving {served.name} at http://{host}:{bound}/v1 (chat/completions, completions; streaming)")
@@ -65,5 +75,6 @@ def serve_command(
         f"once ({summary['bytes_per_request']:,} B each) vs {summary['plain_requests']} with plain attention "
         f"({summary['plain_bytes_per_request']:,} B each); plan: {served.runtime.plan.num_bounded} of "
         f"{served.runtime.plan.num_heads} KV heads bounded"
+        + ("" if kv_bits == 16 else f", full heads in {kv_bits}-bit codes")
     )
     run(served, sock)

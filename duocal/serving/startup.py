@@ -43,20 +43,22 @@ def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_
     return max(1, int(budget.amount // block))
 
 
-def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_batch_tokens, page_size):
-    """Load, plan, apply and build the app; (ServedModel, pool summary). Every check comes before the pool."""
+def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_batch_tokens, page_size, kv_bits=16):
+    """Load, plan, apply and build the app; (ServedModel, pool summary). Every check comes before the pool.
+    `page_size` None: 16 tokens, or the least multiple of 16 that holds whole groups of codes."""
     import torch
     from transformers import ContinuousBatchingConfig
 
     import duocal_runtime as dr
     from duocal.models import ModelRef
+    from duocal_runtime.paged.coded_pages import page_size_for
     from duocal_runtime.paged.paged_cache import pool_summary
 
     if sparsity is not None and budget is not None:
         raise ValueError("give --sparsity or --budget, not both")
     if max_batch_tokens is not None and max_batch_tokens < 1:
         raise ValueError(f"--max-batch-tokens must be a positive number of tokens, got {max_batch_tokens}")
-    if page_size < 4:
+    if page_size is not None and page_size < 4:
         raise ValueError(f"--page-size must be at least 4 tokens, got {page_size}")
     ref = ModelRef.resolve(model)
     chosen = profile or ref.default_profile
@@ -67,13 +69,15 @@ def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_
     context = getattr(config, "max_position_embeddings", 4096)
 
     def plan_and_pool(dtype):
-        plan = dr.plan(loaded, sparsity=sparsity, budget=budget, context=context if budget else None, dtype=dtype)
-        return plan, kv_blocks(kv_memory, num_blocks, plan.shape, dtype, page_size)
+        when = {"context": context if budget else None, "dtype": dtype, "kv_bits": kv_bits}
+        plan = dr.plan(loaded, sparsity=sparsity, budget=budget, **when)
+        page = page_size or page_size_for(plan)
+        return plan, page, kv_blocks(kv_memory, num_blocks, plan.shape, dtype, page)
 
     saved = getattr(config, "dtype", None) or torch.float32
     plan_and_pool(getattr(torch, saved) if isinstance(saved, str) else saved)  # options checked before the weights load
     lm = ref.load_model()
-    plan, blocks = plan_and_pool(lm.dtype)
+    plan, page_size, blocks = plan_and_pool(lm.dtype)
     runtime = dr.apply(lm, plan)
     cb_config = ContinuousBatchingConfig(
         page_size=page_size,

@@ -2,7 +2,7 @@
 with the very cache the server uses (built on the meta device: no memory is allocated).
 
     python -m duocal_runtime.bench.pool_capacity --shape llama3-8b --memory 80GB --weights 16.1GB \
-        --contexts 32768,131072 --sparsity 0,0.5,0.75
+        --contexts 32768,131072 --sparsity 0,0.5,0.75 [--kv-bits 16,8,4]
 
 The KV pool is `--memory` minus `--weights` (activations and the engine's buffers are left out, so
 real servers hold a little less of both). Bounded heads are sink 64 + recent 256, upstream
@@ -21,6 +21,7 @@ from transformers import ContinuousBatchingConfig, LlamaConfig
 import duocal_runtime as dr
 
 from ..budget import Budget
+from ..paged.coded_pages import page_size_for
 from ..paged.paged_cache import DuoPagedCache, pool_summary
 from .serving import PAGE
 from .shapes import SHAPES
@@ -35,9 +36,10 @@ def synthetic_profile(shape: dr.ModelShape) -> dr.Profile:
 def held(config, plan: dr.Plan, kv_bytes: int, context: int, dtype: torch.dtype) -> dict:
     rep = plan.shape.num_attention_heads // plan.shape.num_key_value_heads
     plain_block = plan.shape.num_hidden_layers * 2 * plan.shape.num_key_value_heads * plan.shape.head_dim
-    cb = ContinuousBatchingConfig(page_size=PAGE, num_blocks=int(kv_bytes // (plain_block * dtype.itemsize * PAGE)))
+    page = page_size_for(plan, PAGE)  # coded full heads: pages of whole code groups
+    cb = ContinuousBatchingConfig(page_size=page, num_blocks=int(kv_bytes // (plain_block * dtype.itemsize * page)))
     cache = DuoPagedCache(plan, config, cb, torch.device("meta"), dtype, rep)
-    return pool_summary(cache, context, PAGE)
+    return pool_summary(cache, context, page)
 
 
 def main(argv=None) -> None:
@@ -48,6 +50,7 @@ def main(argv=None) -> None:
     ap.add_argument("--contexts", default="32768,131072")
     ap.add_argument("--sparsity", default="0,0.5,0.75")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--kv-bits", default="16", help="bits full heads store, one row each: 16,8,4")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     config = LlamaConfig(**SHAPES[args.shape], max_position_embeddings=max(map(int, args.contexts.split(","))))
@@ -55,16 +58,17 @@ def main(argv=None) -> None:
     kv_bytes = Budget.parse(args.memory).amount - Budget.parse(args.weights).amount
     profile = synthetic_profile(shape)
     print(f"{args.shape}, {args.dtype}, KV pool {kv_bytes / 1e9:.1f} GB")
-    print("context | bounded heads | requests held | plain attention | x | KV per request")
+    print("context | bounded heads | KV bits | requests held | plain attention | x | KV per request")
     for context in map(int, args.contexts.split(",")):
         for sparsity in map(float, args.sparsity.split(",")):
-            plan = dr.plan(profile, sparsity=sparsity, sink=64, recent=256)
-            s = held(config, plan, kv_bytes, context, dtype)
-            ratio = s["requests"] / s["plain_requests"] if s["plain_requests"] else float("inf")
-            print(
-                f"{context} | {sparsity:.0%} | {s['requests']} | {s['plain_requests']} | {ratio:.2f} | "
-                f"{s['bytes_per_request'] / 2**30:.2f} GiB"
-            )
+            for bits in map(int, args.kv_bits.split(",")):
+                plan = dr.plan(profile, sparsity=sparsity, sink=64, recent=256, kv_bits=bits)
+                s = held(config, plan, kv_bytes, context, dtype)
+                ratio = s["requests"] / s["plain_requests"] if s["plain_requests"] else float("inf")
+                print(
+                    f"{context} | {sparsity:.0%} | {bits} | {s['requests']} | {s['plain_requests']} | {ratio:.2f} | "
+                    f"{s['bytes_per_request'] / 2**30:.2f} GiB"
+                )
 
 
 if __name__ == "__main__":

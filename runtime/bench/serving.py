@@ -2,15 +2,16 @@
 
     python -m duocal_runtime.bench.serving --model DIR --profile NAME_OR_FILE \
         [--requests 32] [--prompt 2048:4096] [--new 64:128] [--arrivals burst|poisson:RATE] \
-        [--plain-requests 4 | --kv-memory 2GiB] [--rows plain,full,duo50,duo75,h2o50] [--out bench-serving.json]
+        [--plain-requests 4 | --kv-memory 2GiB] [--rows plain,full,duo50,duo75,h2o50,duo50-kv4] [--out F.json]
 
 Every row serves the same requests (prompt lengths and new tokens drawn from the ranges with one
 seed; `burst`: all at once, `poisson:R`: open-loop arrivals at R requests/s) from a pool of the
 same KV bytes (`--plain-requests N`: the memory where plain batching holds N requests of the
 longest prompt + new tokens). Rows: `plain` (transformers' own cache), `full` (duocal, every head
 full), `duo50` / `duo75` (the profile at 50% / 75% bounded heads), `h2o50` (H2O on every head at
-duo50's bytes). Columns: KV bytes per request, the most requests the scheduler held at once,
-output tok/s, time to first token and inter-token latency (p50 / p99), ratios against plain.
+duo50's bytes); `full`, `duo50` and `duo75` take `-kv8` / `-kv4` (full heads in codes, pages
+of whole code groups). Columns: KV bytes per request, the most requests the scheduler held at
+once, output tok/s, time to first token and inter-token latency (p50 / p99), ratios against plain.
 Before the timed rows each plan prefills the workload's prompt lengths once (compiles kernels).
 """
 
@@ -31,6 +32,7 @@ import duocal_runtime as dr
 from ..atomic import check_output, write_atomic
 from ..block_sparse import padded_length
 from ..budget import Budget
+from ..paged.coded_pages import page_size_for
 from ..runtime_handle import apply
 
 SERVING_ROWS = ("plain", "full", "duo50", "duo75", "h2o50")
@@ -132,22 +134,38 @@ def summarise(row: str, results, held: int, seconds: float, kv_bytes: float) -> 
     )
 
 
+def row_parts(row: str) -> tuple[str, int]:
+    """`duo50-kv4` -> ("duo50", 4): a row and the bits its full heads store (plain and h2o50: 16 only)."""
+    base, _, bits = row.partition("-kv")
+    if base not in SERVING_ROWS or bits not in ("", "8", "4") or (bits and base in ("plain", "h2o50")):
+        raise ValueError(
+            f"unknown serving row {row!r}: rows are {', '.join(SERVING_ROWS)}; full / duo50 / duo75 take -kv8 or -kv4"
+        )
+    return base, int(bits or 16)
+
+
 def serving_plan(row: str, profile: dr.Profile, shape: dr.ModelShape, context: int) -> dr.Plan | None:
-    if row == "plain":
+    base, bits = row_parts(row)
+    if base == "plain":
         return None
-    if row == "full":
-        return dr.uniform_plan(shape, dr.Full())
     duo50 = dr.plan(profile, sparsity=0.5)
-    if row == "h2o50":
+    if base == "h2o50":
         per_head = max(2, duo50.kv_tokens(context) // shape.num_kv_heads_total)
         return dr.uniform_plan(shape, dr.H2O(heavy=per_head - per_head // 2, recent=per_head // 2))
-    return duo50 if row == "duo50" else dr.plan(profile, sparsity=0.75)
+    plan = {"full": dr.uniform_plan(shape, dr.Full()), "duo50": duo50}.get(base) or dr.plan(profile, sparsity=0.75)
+    return plan if bits == 16 else dr.with_kv_bits(plan, bits)
 
 
 def serve_row(model, row: str, plan, requests, num_blocks: int, max_batch_tokens: int, warm: bool) -> RowResult:
+    """`num_blocks`: the pool in plain blocks of PAGE tokens (the same bytes for a plan's larger pages)."""
+    page = PAGE if plan is None else page_size_for(plan, PAGE)
+
     def cb():
         return ContinuousBatchingConfig(
-            page_size=PAGE, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, allow_block_sharing=False
+            page_size=page,
+            num_blocks=num_blocks * PAGE // page,
+            max_batch_tokens=max_batch_tokens,
+            allow_block_sharing=False,
         )
 
     gen = GenerationConfig(
@@ -234,8 +252,11 @@ def main(argv=None) -> None:
         Budget.parse(args.kv_memory).amount if args.kv_memory else args.plain_requests * block * -(-context // PAGE)
     )
     num_blocks, max_batch_tokens = int(memory // block), args.max_batch_tokens or args.prompt[1]
+    rows = args.rows.split(",")
+    for row in rows:
+        row_parts(row)  # an unknown row fails before any work
     results = []
-    for row in args.rows.split(","):
+    for row in rows:
         plan = serving_plan(row, profile, shape, context)
         results.append(serve_row(model, row, plan, requests, num_blocks, max_batch_tokens, not args.no_warmup))
         print(f"done {row}: {json.dumps(asdict(results[-1]))}", flush=True)

@@ -20,7 +20,7 @@ from transformers.generation.continuous_batching.continuous_api import (
     update_cb_config_after_cache_creation,
 )
 
-from .paged_cache import DuoPagedCache, refuse_quantized
+from .paged_cache import DuoPagedCache
 
 logger = logging.getLogger("duocal_runtime.paged")
 
@@ -42,7 +42,6 @@ class DuoBatchingManager(ContinuousBatchingManager):
     """A `ContinuousBatchingManager` whose cache stores `runtime.plan`'s per-head groups."""
 
     def __init__(self, runtime, generation_config, continuous_batching_config, workload_hints=None):
-        refuse_quantized(runtime.plan)
         self.runtime = runtime  # read by switch_to_cb_friendly_attn, which the base __init__ calls
         if getattr(generation_config, "num_return_sequences", None) not in (None, 1):
             raise ValueError("duocal's paged cache serves one sequence per request: set num_return_sequences=1")

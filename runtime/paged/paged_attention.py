@@ -1,7 +1,8 @@
 """Attention of one layer over one continuous-batching pass: every request's tokens, every head group.
 
 The engine packs a pass into one row: queries [1, H, T, D] of all requests back to back (no
-padding: a token's position is its rank). Full heads attend to their paged history (pages.py),
+padding: a token's position is its rank). Full heads attend to their paged history (pages.py;
+coded full heads: coded_attention.py),
 each request alone: one padded batch for decode passes, causal sdpa per request for prefills
 (never a mask over the whole packed pass). Bounded heads run duocal's static groups on the slots
 gathered from each request's block (ring of sink + recent, H2O budget), then write them back: a
@@ -17,6 +18,7 @@ import torch
 
 from .. import dense_attention as DA
 from ..policies.base import DecodeStep, Step
+from .coded_attention import attend_coded
 
 
 @dataclass
@@ -27,6 +29,7 @@ class PagedStep:
     past: list[int]  # tokens each request had before this pass
     new: list[int]  # tokens it adds in this pass
     bounded_blocks: torch.Tensor | None  # [B, chunks] long: each request's blocks of bounded slots
+    page_rows: torch.Tensor | None = None  # every token's full-head page row, request by request (history, new)
 
     @property
     def decode_only(self) -> bool:
@@ -74,6 +77,11 @@ def attend_pass(layer: PagedLayerPass, query, key, value, scaling: float) -> tor
     if heads.full:
         _, q_idx = head_index(heads.full, cache.rep, query.device)
         out[:, q_idx] = attend_full(layer, query[:, q_idx], scaling)
+    for g, (policy, kv_heads) in enumerate(heads.coded):
+        kv_idx, q_idx = head_index(kv_heads, cache.rep, query.device)
+        out[:, q_idx] = attend_coded(
+            layer, g, policy, kv_heads, query[:, q_idx], key[:, kv_idx], value[:, kv_idx], scaling
+        )
     for g, (policy, kv_heads) in enumerate(heads.bounded):
         kv_idx, q_idx = head_index(kv_heads, cache.rep, query.device)
         out[:, q_idx] = attend_bounded(

@@ -21,38 +21,33 @@ import torch
 from transformers.generation.continuous_batching.cache import PagedAttentionCache, PagedAttentionMemoryHandler
 from transformers.generation.continuous_batching.cache_allocators.cache_pool import CachePool
 
-from ..errors import PlanError
 from ..hf_compat import LAYER_KWARG, check_attention_is
 from ..planning import Plan
+from .align import ALIGN
+from .coded_pages import ring_key, ring_state
 from .paged_attention import PagedLayerPass, PagedStep
-from .pages import ALIGN, BoundedSlots, FullHeadPages, slot_fields
+from .pages import BoundedSlots, FullHeadPages, slot_fields
 
 logger = logging.getLogger("duocal_runtime.paged")
 
 
 @dataclass(frozen=True)
 class LayerHeads:
-    """One layer of the plan: its full KV heads and its bounded groups (policy, KV heads)."""
+    """One layer of the plan: its 16-bit full KV heads, its coded full groups and its bounded groups
+    (groups: (policy, KV heads))."""
 
     full: list[int]
+    coded: list[tuple]
     bounded: list[tuple]
 
     @classmethod
     def of(cls, plan: Plan, layer: int) -> LayerHeads:
         groups = plan.layer_groups(layer)
-        full = [h for policy, heads in groups if not policy.bounded for h in heads]
-        return cls(full, [(policy, heads) for policy, heads in groups if policy.bounded])
-
-
-def refuse_quantized(plan: Plan) -> None:
-    """Full heads' pages hold keys and values in the cache's dtype: coded full heads are not served yet
-    (coded bounded heads are: their static group's rows of codes are what their blocks hold)."""
-    coded = sorted({p.label for row in plan.policies for p in row if not p.bounded and getattr(p, "quantized", False)})
-    if coded:
-        raise PlanError(
-            f"this plan stores heads in codes ({', '.join(coded)}), which continuous batching "
-            "(generate_batch, duocal serve) does not page yet; serve a 16-bit plan (kv_bits=16) or run "
-            "the quantized plan with model.generate()"
+        unbounded = [(policy, heads) for policy, heads in groups if not policy.bounded]
+        return cls(
+            [h for policy, heads in unbounded if not policy.quantized for h in heads],
+            [(policy, heads) for policy, heads in unbounded if policy.quantized],
+            [(policy, heads) for policy, heads in groups if policy.bounded],
         )
 
 
@@ -63,7 +58,6 @@ class DuoPagedCache(PagedAttentionCache):
 
     def __init__(self, plan: Plan, config, cb_config, device, dtype: torch.dtype, rep: int, owner=None):
         # The engine's constructor sizes every layer by one head count: this one is built from the plan.
-        refuse_quantized(plan)
         self.config, self.dtype, self.device, self.plan, self.rep = config, dtype, device, plan, rep
         self.owner = owner  # the Runtime whose attention function reads this cache
         self.max_blocks_per_request = 0
@@ -90,9 +84,9 @@ class DuoPagedCache(PagedAttentionCache):
     # --- layout and size ------------------------------------------------------------------------
     def _allocators(self, page_size: int) -> dict:
         head_dim, allocators = self.plan.shape.head_dim, {}
-        full = [len(layer.full) for layer in self.layers]
-        if any(full):
-            allocators["full_attention"] = FullHeadPages(0, full, head_dim, self.dtype, page_size)
+        full, coded = [len(layer.full) for layer in self.layers], [layer.coded for layer in self.layers]
+        if any(full) or any(coded):
+            allocators["full_attention"] = FullHeadPages(0, full, coded, head_dim, self.dtype, page_size)
         unit = allocators["full_attention"].bytes_per_block if allocators else ALIGN
         fields, block, chunks = slot_fields(self.bounded_states(), unit)
         if fields:
@@ -107,6 +101,8 @@ class DuoPagedCache(PagedAttentionCache):
                 group = policy.make_group(kv_heads, self.rep, max_length=1)
                 group.fill(1, 1, self.plan.shape.head_dim, self.dtype, "cpu")
                 states[(layer, g)] = group.state()
+            for g, (policy, kv_heads) in enumerate(heads.coded):
+                states[(layer, ring_key(g))] = ring_state(policy, len(kv_heads), self.plan.shape.head_dim, self.dtype)
         return states
 
     def plain_block_bytes(self, page_size: int) -> int:
@@ -195,19 +191,24 @@ class DuoPagedCache(PagedAttentionCache):
         self._pending.append((request_id, past_length, query_length))
         super().extend_read_and_write_indices(request_id, past_length, query_length, read_index, write_index)
 
-    def _begin_step(self, device) -> PagedStep:
+    def _begin_step(self, device, kwargs: dict) -> PagedStep:
         pending, self._pending = self._pending, []
         ids = [rid for rid, _, _ in pending]
         slots = self.cache_allocators.get("sliding_attention")
         blocks = None if slots is None else torch.tensor([slots.blocks_of(r) for r in ids], device=device)
-        return PagedStep(ids, [p for _, p, _ in pending], [q for _, _, q in pending], blocks)
+        step = PagedStep(ids, [p for _, p, _ in pending], [q for _, _, q in pending], blocks)
+        pages = self.cache_allocators.get("full_attention")
+        if pages is not None:  # every token's page row, each request's history then its new tokens
+            read = kwargs["read_index"][pages.index]
+            step.page_rows = read if read.numel() else kwargs["write_index"][pages.index]  # fresh prefills only
+        return step
 
     @torch.compiler.disable
     def update(self, key_states, value_states, layer_idx: int, kwargs: dict):
         """Store the layer's full-head tokens; hand the layer to duocal's attention. k/v [1, Hkv, T, D]."""
         if layer_idx == 0:
             check_attention_is(self.owner, "paged cache")
-            self._step = self._begin_step(key_states.device)
+            self._step = self._begin_step(key_states.device, kwargs)
         heads, full_k, full_v, read = self.layers[layer_idx], None, None, False
         pages = self.cache_allocators.get("full_attention")
         if heads.full:
