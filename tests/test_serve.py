@@ -19,7 +19,7 @@ import uvicorn
 
 import duocal_runtime as dr
 from duocal.serving.startup import listening_socket, prepare_server
-from duocal_runtime.paged.coded_pages import page_size_for
+from duocal_runtime.paged.coded_pages import coded_policies, page_size_for
 
 from helpers import random_profile
 
@@ -185,8 +185,17 @@ def test_a_coded_plan_is_served_on_pages_of_whole_code_groups(server):
         served.runtime.remove()
 
 
-def coded_policies(plan):
-    return [p for row in plan.policies for p in row if not p.bounded and p.quantized]
+@pytest.mark.parametrize(
+    "options, message",
+    [({"kv_bits": 3}, "kv_bits must be one of 16, 8, 4"), ({"kv_bits": 4, "page_size": 12}, "multiple of 16")],
+)
+def test_bad_code_options_fail_before_the_weights_load(options, message, monkeypatch):
+    from duocal.models import ModelRef
+
+    monkeypatch.setattr(ModelRef, "load_model", lambda self: pytest.fail("the weights loaded before the check"))
+    page = options.pop("page_size", None)
+    with pytest.raises(dr.PlanError, match=message):
+        prepare_server(None, None, 0.5, None, None, 128, 2048, page, **options)
 
 
 def test_the_default_page_holds_whole_code_groups():

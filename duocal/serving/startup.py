@@ -51,7 +51,7 @@ def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_
 
     import duocal_runtime as dr
     from duocal.models import ModelRef
-    from duocal_runtime.paged.coded_pages import page_size_for
+    from duocal_runtime.paged.coded_pages import check_page_holds_groups, coded_policies, page_size_for
     from duocal_runtime.paged.paged_cache import pool_summary
 
     if sparsity is not None and budget is not None:
@@ -72,6 +72,8 @@ def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_
         when = {"context": context if budget else None, "dtype": dtype, "kv_bits": kv_bits}
         plan = dr.plan(loaded, sparsity=sparsity, budget=budget, **when)
         page = page_size or page_size_for(plan)
+        for policy in coded_policies(plan):
+            check_page_holds_groups(policy, page)
         return plan, page, kv_blocks(kv_memory, num_blocks, plan.shape, dtype, page)
 
     saved = getattr(config, "dtype", None) or torch.float32

@@ -23,7 +23,19 @@ from .align import aligned
 
 def page_size_for(plan, least: int = 16) -> int:
     """The smallest multiple of `least` tokens that holds whole groups of the plan's coded full heads."""
-    return lcm(least, *(p.group for row in plan.policies for p in row if not p.bounded and p.quantized))
+    return lcm(least, *(p.group for p in coded_policies(plan)))
+
+
+def check_page_holds_groups(policy, page: int) -> None:
+    if page % policy.group:
+        raise PlanError(
+            f"a page of {page} tokens does not hold whole groups of {policy.group} tokens of the coded full heads "
+            f"({policy.label}); set the page size (page_size / --page-size) to a multiple of {policy.group}"
+        )
+
+
+def coded_policies(plan) -> list:
+    return [p for row in plan.policies for p in row if not p.bounded and p.quantized]
 
 
 def ring_key(group: int) -> str:
@@ -61,12 +73,7 @@ def coded_page_fields(coded: list[list[tuple]], head_dim: int, dtype: torch.dtyp
     fields, offset = [], start
     for layer, groups in enumerate(coded):
         for g, (policy, heads) in enumerate(groups):
-            if page % policy.group:
-                raise PlanError(
-                    f"a page of {page} tokens does not hold whole groups of {policy.group} tokens of the coded full "
-                    f"heads ({policy.label}); set the page size (page_size / --page-size) to a multiple of "
-                    f"{policy.group}"
-                )
+            check_page_holds_groups(policy, page)
             packed = head_dim * policy.kv_bits // 8
             for name, rows, width, part_dtype in (
                 ("k_codes", page, packed, torch.uint8),
