@@ -50,6 +50,20 @@ def alone(model, runtime, prompt, new=NEW):
     return out[0, len(prompt) :].tolist()
 
 
+def join_mid_decode(manager, batch, new: int) -> list[list[int]]:
+    """The first request is decoding when the others arrive: every request's tokens, in order."""
+    first = manager.add_request(batch[0], max_new_tokens=new, streaming=True)
+    while len(next(manager.request_id_iter(first)).generated_tokens) < 3:
+        pass
+    ids = [first] + [manager.add_request(p, max_new_tokens=new) for p in batch[1:]]
+    results = {}
+    while len(results) < len(ids):
+        out = manager.get_result(timeout=30)
+        if out is not None and out.is_finished():
+            results[out.request_id] = out.generated_tokens
+    return [results[i] for i in ids]
+
+
 @pytest.fixture(scope="module")
 def model():
     return tiny_model("llama")
@@ -85,16 +99,7 @@ def test_requests_that_join_while_others_decode_and_prompts_split_across_passes(
         manager = model.init_continuous_batching(gen(24), config(max_batch_tokens=48))
         manager.start()
         try:
-            first = manager.add_request(batch[0], max_new_tokens=24, streaming=True)
-            while len(next(manager.request_id_iter(first)).generated_tokens) < 3:
-                pass  # the first request is decoding when the others arrive
-            ids = [first] + [manager.add_request(p, max_new_tokens=24) for p in batch[1:]]
-            results = {}
-            while len(results) < len(ids):
-                out = manager.get_result(timeout=30)
-                if out is not None and out.is_finished():
-                    results[out.request_id] = out.generated_tokens
-            assert [results[i] for i in ids] == want
+            assert join_mid_decode(manager, batch, 24) == want
             cache = manager.cache
             assert cache.free_sectors() == cache.num_sectors  # every page is back in the pool
         finally:

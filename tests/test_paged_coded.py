@@ -3,7 +3,7 @@ ring among the bounded slots; the tokens of duocal's own generate(), the bytes o
 
 import pytest
 import torch
-from test_paged_batching import alone, config, gen, prompts
+from test_paged_batching import alone, config, gen, join_mid_decode, prompts
 
 import duocal_runtime as dr
 from duocal_runtime.paged.paged_cache import pool_summary
@@ -51,16 +51,7 @@ def test_requests_that_join_while_others_decode_get_their_own_codes(model):
         manager = model.init_continuous_batching(gen(24), config())
         manager.start()
         try:
-            first = manager.add_request(batch[0], max_new_tokens=24, streaming=True)
-            while len(next(manager.request_id_iter(first)).generated_tokens) < 3:
-                pass
-            ids = [first] + [manager.add_request(p, max_new_tokens=24) for p in batch[1:]]
-            results = {}
-            while len(results) < len(ids):
-                out = manager.get_result(timeout=30)
-                if out is not None and out.is_finished():
-                    results[out.request_id] = out.generated_tokens
-            assert [results[i] for i in ids] == want
+            assert join_mid_decode(manager, batch, 24) == want
             assert manager.cache.free_sectors() == manager.cache.num_sectors
         finally:
             manager.stop(block=True)
