@@ -107,16 +107,19 @@ class PagedCodes:
     def __init__(self, views: dict[str, torch.Tensor], page: int, group: int):
         self.views, self.page, self.group = views, page, group
 
-    def _at(self, name: str, rows: torch.Tensor):
-        per = self.group if name in ("k_scale", "k_zero") else 1
-        return self.views[name], rows // self.page, (rows % self.page) // per
+    def _places(self, rows: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """name -> (block, row in its field) of tokens at pool rows [B, N] (whole groups: key scales
+        take one row per group, from its first token)."""
+        per_token = (rows // self.page, rows % self.page)
+        firsts = rows[:, :: self.group]
+        per_group = (firsts // self.page, (firsts % self.page) // self.group)
+        return {name: per_group if name in ("k_scale", "k_zero") else per_token for name in self.views}
 
     def read(self, rows: torch.Tensor) -> tuple[Q.QuantizedKV, Q.QuantizedKV]:
         """rows [B, N] (N whole groups of tokens, from the first of a group) -> (keys, values) [B, heads, N, ...]."""
-        parts = {}
-        for name in self.views:
-            view, block, row = self._at(name, rows[:, :: self.group] if name in ("k_scale", "k_zero") else rows)
-            parts[name] = view[block, row].transpose(1, 2)
+        parts = {
+            name: self.views[name][block, row].transpose(1, 2) for name, (block, row) in self._places(rows).items()
+        }
         keys = Q.QuantizedKV(parts["k_codes"], parts["k_scale"], parts["k_zero"])
         return keys, Q.QuantizedKV(parts["v_codes"], parts["v_scale"], parts["v_zero"])
 
@@ -124,6 +127,5 @@ class PagedCodes:
         """Codes of the tokens at rows [B, N] (whole groups) from (keys, values) [B, heads, N, ...]."""
         parts = {"k_codes": keys.codes, "k_scale": keys.scale, "k_zero": keys.zero}
         parts |= {"v_codes": values.codes, "v_scale": values.scale, "v_zero": values.zero}
-        for name, part in parts.items():
-            view, block, row = self._at(name, rows[:, :: self.group] if name in ("k_scale", "k_zero") else rows)
-            view[block.flatten(), row.flatten()] = part.transpose(1, 2).flatten(0, 1)
+        for name, (block, row) in self._places(rows).items():
+            self.views[name][block.flatten(), row.flatten()] = parts[name].transpose(1, 2).flatten(0, 1)
