@@ -152,7 +152,10 @@ def serving_plan(row: str, profile: dr.Profile, shape: dr.ModelShape, context: i
     if base == "h2o50":
         per_head = max(2, duo50.kv_tokens(context) // shape.num_kv_heads_total)
         return dr.uniform_plan(shape, dr.H2O(heavy=per_head - per_head // 2, recent=per_head // 2))
-    plan = {"full": dr.uniform_plan(shape, dr.Full()), "duo50": duo50}.get(base) or dr.plan(profile, sparsity=0.75)
+    if base == "full":
+        plan = dr.uniform_plan(shape, dr.Full())
+    else:
+        plan = duo50 if base == "duo50" else dr.plan(profile, sparsity=0.75)
     return plan if bits == 16 else dr.with_kv_bits(plan, bits)
 
 

@@ -31,16 +31,13 @@ class CodedPass:
         self.codes = PagedCodes(pages.coded_views[(layer.layer, g)], pages.tokens_per_page, policy.group)
         self.rings = cache.cache_allocators["sliding_attention"].views[(layer.layer, ring_key(g))]
         self.rep, self.size = cache.rep, policy.residual + policy.group
-        lengths = [p + n for p, n in zip(self.step.past, self.step.new)]
-        self.row_starts = [sum(lengths[:i]) for i in range(len(lengths))]  # each request's rows in page_rows
 
     def coded(self, tokens: int) -> int:
         return Q.quantized_tokens(tokens, self.policy.group, self.policy.residual)
 
     def rows(self, requests: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Page rows of tokens at `positions` [B, N] of the requests [B] (indices into the pass)."""
-        starts = torch.tensor(self.row_starts, device=positions.device)[requests]
-        return self.step.page_rows[starts[:, None] + positions]
+        return self.step.page_rows[self.step.row_starts[requests, None] + positions]
 
     def ring_blocks(self, requests: torch.Tensor) -> dict[str, torch.Tensor]:
         return {name: self.step.bounded_blocks[requests, chunk] for name, (_, chunk) in self.rings.items()}

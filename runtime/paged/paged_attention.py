@@ -30,6 +30,7 @@ class PagedStep:
     new: list[int]  # tokens it adds in this pass
     bounded_blocks: torch.Tensor | None  # [B, chunks] long: each request's blocks of bounded slots
     page_rows: torch.Tensor | None = None  # every token's full-head page row, request by request (history, new)
+    row_starts: torch.Tensor | None = None  # [B] long: where each request's rows start in page_rows
 
     @property
     def decode_only(self) -> bool:
