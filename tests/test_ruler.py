@@ -1,17 +1,22 @@
 """`duocal eval ruler`: RULER's tasks through lm-evaluation-harness under each row's plan, offline."""
 
+import copy
 import json
 import zipfile
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
+import duocal_runtime as dr
 from duocal.cli import app
 from duocal.cli.eval_ruler import OFFLINE_TASKS
 from duocal.eval import nltk_punkt
 from duocal.eval import ruler_tasks as T
-from duocal.eval.ruler import RulerConfig, ruler_question_start
+from duocal.eval.row_kinds import RowPlans
+from duocal.eval.ruler import RulerConfig, asks_alike, row_protocols, ruler_question_start
 from duocal.eval.tables import task_label
+from tests.runtime_models import tiny_model
 
 runner = CliRunner()
 
@@ -115,30 +120,51 @@ def test_cli_refuses_bad_input_before_loading_anything(tmp_path):
     assert result.exit_code == 1 and "unknown protocol 'multi-turn'" in result.output
 
 
+def answer_with_the_question_after(model, runtime, ids, start: int, new: int = 8):
+    """The query-agnostic protocol's mechanics: the context alone through the cache, then generate on a copy."""
+    cache = runtime.new_cache()
+    with torch.no_grad():
+        model(input_ids=ids[:, :start], cache=cache, logits_to_keep=1)
+    return model.generate(input_ids=ids, max_new_tokens=new, do_sample=False, cache=copy.deepcopy(cache))
+
+
+def test_rows_of_full_and_sink_window_heads_run_once_for_both_protocols_and_answer_alike():
+    model = tiny_model("llama")
+    shape = dr.shape_of_config(model.config)
+    duo = dr.Plan(shape, [[dr.SinkWindow(3, 6), dr.Full()]] * 2)
+    ids = torch.randint(1, 97, (1, 40), generator=torch.Generator().manual_seed(5))
+    with dr.apply(model, duo) as runtime:
+        aware = model.generate(input_ids=ids, max_new_tokens=8, do_sample=False)  # the question in the prefill
+        after = answer_with_the_question_after(model, runtime, ids, start=31)
+    assert torch.equal(aware, after)
+    both = ("query-aware", "query-agnostic")
+    assert asks_alike(duo) and row_protocols(RowPlans("duo", 0.5, (duo,)), both) == ("both",)
+    assert row_protocols(RowPlans("duo", 0.5, (duo,)), both[:1]) == both[:1]  # one protocol asked: that one
+    for policy in (dr.Full(kv_bits=8, group=shape.head_dim), dr.H2O(4, 4), dr.SnapKV(selected=4, window=2)):
+        plan = dr.Plan(shape, [[dr.SinkWindow(3, 6), policy]] * 2)
+        assert not asks_alike(plan) and row_protocols(RowPlans("x", 0.5, (duo, plan)), both) == both
+
+
 @pytest.mark.slow
 def test_ruler_on_smollm2_end_to_end_offline(monkeypatch):
     """Two tasks (one shipped as is, one on the local haystack) at 1024 tokens, both protocols: full
-    attention finds the needle, a 20-token window does not, and the query-agnostic prefill never saw a
-    question token."""
+    attention finds the needle, a 20-token window does not (each run once for both protocols), and
+    H2O's query-agnostic prefill never saw a question token."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     result = runner.invoke(
         app,
         ["eval", "ruler", "--model", "smollm2-135m-instruct", "--tasks", "niah_single_1,niah_single_2_local"]
-        + ["--contexts", "1024", "--samples", "1", "--rows", "full,streaming", "--sink", "4", "--recent", "16"]
+        + ["--contexts", "1024", "--samples", "1", "--rows", "full,streaming,h2o", "--sink", "4", "--recent", "16"]
         + ["--json"],
     )
     assert result.exit_code == 0, result.output
     rows = {(r["row"], r["protocol"]): r for r in json.loads(result.stdout)}
-    assert set(rows) == {(r, p) for r in ("full", "streaming") for p in ("query-aware", "query-agnostic")}
-    for protocol in ("query-aware", "query-agnostic"):
-        full, streaming = rows["full", protocol], rows["streaming", protocol]
-        assert full["scores"]["niah_single_1"] == 1.0 and set(full["scores"]) == {
-            "niah_single_1",
-            "niah_single_2_local",
-        }
-        assert streaming["average"] < full["average"] and streaming["fraction_of_full"] < 0.1
-    for row in ("full", "streaming"):
-        seen = rows[row, "query-agnostic"]["seen_before_question"]
-        assert len(seen) == 2 and all(tokens == start > 500 for tokens, start in seen)
-        assert "seen_before_question" not in rows[row, "query-aware"]
+    protocols = ("query-aware", "query-agnostic")
+    assert set(rows) == {("full", "both"), ("streaming", "both")} | {("h2o", p) for p in protocols}
+    full, streaming = rows["full", "both"], rows["streaming", "both"]
+    assert full["scores"]["niah_single_1"] == 1.0 and set(full["scores"]) == {"niah_single_1", "niah_single_2_local"}
+    assert streaming["average"] < full["average"] and streaming["fraction_of_full"] < 0.1
+    seen = rows["h2o", "query-agnostic"]["seen_before_question"]
+    assert len(seen) == 2 and all(tokens == start > 500 for tokens, start in seen)
+    assert all("seen_before_question" not in rows[key] for key in rows if key[1] != "query-agnostic")

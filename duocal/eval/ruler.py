@@ -11,6 +11,10 @@ context). `query-agnostic` prefills each prompt up to its question (RULER puts t
 the last newline of the prompt) alone through the cache, then generates the answer, question first,
 on a copy of that compressed cache: the tokens are the same in both protocols, only what the cache
 saw before the question differs. Scores are lm-eval's per-length metric (string match, 0-1).
+A row whose every head is 16-bit full or a sink window runs once for both protocols (`both`): such
+heads keep what the tokens' positions say, not what the question says, so the question prefilled
+with the context or asked after it is the same computation (a prompt split across passes; a test
+checks the tokens agree).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from . import ruler_tasks as T
 from .protocols import SINGLE_QUESTION, protocols_of
 
 DEFAULT_ROWS = ("full", "duo", "h2o", "snapkv")
+POSITION_ONLY = ("full", "sink_window")  # policies whose kept tokens do not depend on the queries
 MAX_NEW_TOKENS = 128  # the most any RULER task generates (niah): the room a prompt needs in the model's positions
 
 
@@ -114,6 +119,19 @@ def ruler_question_start(tokenizer, ids: list[int]) -> int:
         if "\n" in tokenizer.decode([ids[i]]):
             return i
     raise ValueError("this prompt has no newline before its question: the query-agnostic protocol cannot split it")
+
+
+def asks_alike(plan: dr.Plan) -> bool:
+    """Whether every head keeps the same tokens whenever the question comes: 16-bit full or a sink
+    window (a coded full head differs: the question in the prefill reads the context in full precision)."""
+    return all(p.name in POSITION_ONLY and getattr(p, "kv_bits", 16) == 16 for row in plan.policies for p in row)
+
+
+def row_protocols(row, protocols: tuple[str, ...]) -> tuple[str, ...]:
+    """The protocols a row runs in: one run labelled `both` when its plans ask alike in both."""
+    if len(protocols) == 2 and all(asks_alike(plan) for plan in row.plans):
+        return ("both",)
+    return protocols
 
 
 def lm_eval_model(model, tokenizer, max_length: int, progress=None):
@@ -216,7 +234,8 @@ def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) ->
         )
         for c in config.contexts
     }
-    total = len(tasks) * config.samples * len(protocols) * sum(len(r.plans) for rs in planned.values() for r in rs)
+    runs = sum(len(r.plans) * len(row_protocols(r, protocols)) for rs in planned.values() for r in rs)
+    total = len(tasks) * config.samples * runs
     done, label = 0, ""
 
     def tick():
@@ -230,7 +249,7 @@ def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) ->
     for context, rows in planned.items():
         samples = T.docs_per_length(tasks, [context], config.samples)
         for row in rows:
-            for protocol in protocols:
+            for protocol in row_protocols(row, protocols):
                 label = f"{row.label}, {protocol}, {context} tokens"
                 out.append(one_row(lm, model, row, tasks, samples, context, protocol, config))
                 if hasattr(progress, "row"):
@@ -239,7 +258,8 @@ def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) ->
 
 
 def one_row(lm, model, row, tasks, samples, context: int, protocol: str, config: RulerConfig) -> RulerRow:
-    """One row's plans (several for random) in one protocol at one context, on the chosen documents."""
+    """One row's plans (several for random) in one protocol at one context, on the chosen documents
+    (`both`: lm-eval's own run, for a row that asks alike in both)."""
     started, per_plan, seen = time.perf_counter(), [], []
     for plan in row.plans:
         with dr.apply(model, plan) as runtime:
