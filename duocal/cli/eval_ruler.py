@@ -64,6 +64,12 @@ def ruler(
         typer.Option(help="Plain text for the essay tasks (*_local; default: the GPL-3.0 text in duocal/assets)."),
     ] = None,
     mix_policies: MixPoliciesOpt = "full,sink_window,h2o",
+    workers: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Processes that run the generations at once, one thread each (default: the CPU cores; 1 on a GPU)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ):
     """RULER (arXiv 2404.06654) as lm-evaluation-harness builds and scores it, through the per-head cache:
@@ -82,6 +88,7 @@ def ruler(
             protocol=protocol,
             haystack=haystack,
             mix_policies=tuple(split(mix_policies, str, "mix-policies")),
+            workers=workers,
         )
         config, ref, loaded = ruler_config(model, profile, options)
         results = run_ruler(config, ref, loaded)

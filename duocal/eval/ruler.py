@@ -1,32 +1,25 @@
 """RULER through lm-evaluation-harness, with each row's plan applied to an already loaded model.
 
 Tasks (ruler_tasks.py) are built once for every context length: every row and protocol sees the
-same prompts, made by lm-eval's generators and scored by lm-eval's metrics. For each context,
-row and protocol, one `lm_eval.simple_evaluate` call runs the chosen documents through
-`HFLM(pretrained=model)` while `dr.apply(model, plan)` is active: lm-eval calls `model.generate()`
-without a cache and duocal's drop-in supplies one, so evicted tokens are really gone.
+same prompts, made by lm-eval's generators and scored by lm-eval's metrics. Each context, row,
+protocol and task is one job: one `lm_eval.simple_evaluate` call runs the task's chosen documents
+through `HFLM(pretrained=model)` while `dr.apply(model, plan)` is active (lm-eval calls
+`model.generate()` without a cache and duocal's drop-in supplies one, so evicted tokens are really
+gone). On a CPU the jobs run on forked workers of one thread each (workers.py).
 
-Protocols (protocols.py): `query-aware` is lm-eval's own run (the question prefilled with the
-context). `query-agnostic` prefills each prompt up to its question (RULER puts the question after
-the last newline of the prompt) alone through the cache, then generates the answer, question first,
-on a copy of that compressed cache: the tokens are the same in both protocols, only what the cache
-saw before the question differs. Scores are lm-eval's per-length metric (string match, 0-1).
-A row whose every head is 16-bit full or a sink window runs once for both protocols (`both`): such
-heads keep what the tokens' positions say, not what the question says, so the question prefilled
-with the context or asked after it is the same computation (a prompt split across passes; a test
-checks the tokens agree).
+Protocols: see ruler_lm.py. Scores are lm-eval's per-length metric (string match, 0-1). A row
+whose every head is 16-bit full or a sink window runs once for both protocols (`both`): such heads
+keep what the tokens' positions say, not what the question says, so the question prefilled with
+the context or asked after it is the same computation (a prompt split across passes; a test checks
+that the tokens agree).
 """
 
 from __future__ import annotations
 
-import copy
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 import duocal_runtime as dr
 from duocal.eval.row_kinds import (
@@ -44,6 +37,10 @@ from duocal.eval.row_kinds import (
 
 from . import ruler_tasks as T
 from .protocols import SINGLE_QUESTION, protocols_of
+from .ruler_lm import GenerationCounter, Job, JobResult, lm_eval_model, ruler_question_start, run_job
+from .workers import check_worker_count, run_jobs, workers_for
+
+__all__ = ["RulerConfig", "RulerRow", "evaluate_ruler", "ruler_question_start"]
 
 DEFAULT_ROWS = ("full", "duo", "h2o", "snapkv")
 POSITION_ONLY = ("full", "sink_window")  # policies whose kept tokens do not depend on the queries
@@ -63,6 +60,7 @@ class RulerConfig:
     protocol: str = "both"
     haystack: Path | None = None  # the essay tasks' text (default: duocal's GPL-3.0 text)
     mix_policies: tuple[str, ...] = MIX_POLICIES  # what the mix row chooses among
+    workers: int | None = None  # processes of one thread each (None: the CPU cores; 1 on a GPU)
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -73,6 +71,7 @@ class RulerConfig:
         set_("mix_policies", tuple(self.mix_policies))
         check_rows(self.rows, self.sparsities)
         check_mix_policies(self.mix_policies)
+        check_worker_count(self.workers)
         T.check_task_names(self.tasks)
         protocols_of(self.protocol, SINGLE_QUESTION)  # RULER asks one question per prompt: no multi-turn
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):
@@ -112,15 +111,6 @@ class RulerRow:
         return {**data, **self.extra}
 
 
-def ruler_question_start(tokenizer, ids: list[int]) -> int:
-    """The first token of the prompt's question: the last token whose text holds a newline (a token
-    that merges the newline with the question's first characters belongs to the question)."""
-    for i in range(len(ids) - 1, -1, -1):
-        if "\n" in tokenizer.decode([ids[i]]):
-            return i
-    raise ValueError("this prompt has no newline before its question: the query-agnostic protocol cannot split it")
-
-
 def asks_alike(plan: dr.Plan) -> bool:
     """Whether every head keeps the same tokens whenever the question comes: 16-bit full or a sink
     window (a coded full head differs: the question in the prefill reads the context in full precision)."""
@@ -132,60 +122,6 @@ def row_protocols(row, protocols: tuple[str, ...]) -> tuple[str, ...]:
     if len(protocols) == 2 and all(asks_alike(plan) for plan in row.plans):
         return ("both",)
     return protocols
-
-
-def lm_eval_model(model, tokenizer, max_length: int, progress=None):
-    """lm-eval's HFLM over the loaded model, counting generations, and, while `asking_after` holds a
-    runtime, answering after the context (the query-agnostic protocol)."""
-    from lm_eval.models.huggingface import HFLM
-
-    class DuocalLM(HFLM):
-        asking_after: dr.Runtime | None = None
-        seen_before_question: list[tuple[int, int]] = []
-
-        def generate_until(self, requests, disable_tqdm: bool = False):
-            return super().generate_until(requests, disable_tqdm=True)  # duocal's bar counts generations
-
-        def _model_generate(self, context, max_length, stop, **generation_kwargs):
-            if progress is not None:
-                progress()
-            if self.asking_after is None:
-                return super()._model_generate(context, max_length, stop, **generation_kwargs)
-            if context.shape[0] != 1:
-                raise ValueError("the query-agnostic protocol runs one prompt at a time (batch_size=1)")
-            start = ruler_question_start(self.tokenizer, context[0].tolist())
-            cache = self.asking_after.new_cache()
-            with torch.no_grad():
-                self.model(input_ids=context[:, :start], cache=cache, logits_to_keep=1)
-            self.seen_before_question.append((int(cache.get_seq_length()), start))  # (tokens seen, question start)
-            generation_kwargs.pop("attention_mask", None)  # no padding at batch 1
-            return super()._model_generate(context, max_length, stop, cache=copy.deepcopy(cache), **generation_kwargs)
-
-    return DuocalLM(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=max_length)
-
-
-def run_lm_eval(lm, tasks, samples: dict[str, list[int]], runtime, protocol: str) -> dict[str, Any]:
-    import lm_eval
-
-    lm.asking_after = runtime if protocol == "query-agnostic" else None
-    lm.seen_before_question = []
-    try:
-        return lm_eval.simple_evaluate(
-            model=lm, tasks=tasks, samples=samples, bootstrap_iters=0, log_samples=False, verbosity="ERROR"
-        )
-    finally:
-        lm.asking_after = None
-
-
-def scores_at(results: dict[str, Any], context: int) -> dict[str, float]:
-    """task -> lm-eval's score at `context` (a task with no document of that length is an error)."""
-    out = {}
-    for task, metrics in results["results"].items():
-        value = metrics.get(f"{context},none")
-        if value is None or value == -1:
-            raise ValueError(f"{task} made no document of {context} tokens; try another context")
-        out[task] = float(value)
-    return out
 
 
 def check_contexts(config: RulerConfig, model_config) -> None:
@@ -226,50 +162,82 @@ def haystack_of(config: RulerConfig) -> Path:
 def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) -> list[RulerRow]:
     shape = dr.shape_of_config(model.config)
     protocols = protocols_of(config.protocol, SINGLE_QUESTION)
+    window = config.window(profile)
     planned = {
         c: build_rows(
             config.rows,
             config.sparsities,
-            RowInputs(shape, c, config.window(profile), profile, config.random_seeds, config.mix_policies),
+            RowInputs(shape, c, window, profile, config.random_seeds, config.mix_policies),
         )
         for c in config.contexts
     }
-    runs = sum(len(r.plans) * len(row_protocols(r, protocols)) for rs in planned.values() for r in rs)
-    total = len(tasks) * config.samples * runs
-    done, label = 0, ""
+    samples = {c: T.docs_per_length(tasks, [c], config.samples) for c in config.contexts}
+    jobs = [
+        Job(c, i, protocol, t)
+        for c, rows in planned.items()
+        for i, row in enumerate(rows)
+        for protocol in row_protocols(row, protocols)
+        for t in range(len(tasks))
+    ]
+    workers = min(workers_for(config.workers, model.device), len(jobs))
 
-    def tick():
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(min(done, total), total, label)
+    def generations(job: Job) -> int:
+        return len(planned[job.context][job.row].plans) * len(samples[job.context][tasks[job.task].task_name])
 
-    lm = lm_eval_model(model, tokenizer, max(config.contexts) + MAX_NEW_TOKENS, tick)
-    out = []
-    for context, rows in planned.items():
-        samples = T.docs_per_length(tasks, [context], config.samples)
-        for row in rows:
-            for protocol in row_protocols(row, protocols):
-                label = f"{row.label}, {protocol}, {context} tokens"
-                out.append(one_row(lm, model, row, tasks, samples, context, protocol, config))
-                if hasattr(progress, "row"):
-                    progress.row(f"{label}: average {out[-1].average:.3f}, KV {out[-1].fraction_of_full:.0%} of full")
-    return out
+    counter = GenerationCounter(progress, sum(map(generations, jobs)))
+    lm = lm_eval_model(model, tokenizer, max(config.contexts) + MAX_NEW_TOKENS, counter.tick if workers == 1 else None)
+
+    def work(i: int) -> JobResult:
+        job = jobs[i]
+        row = planned[job.context][job.row]
+        counter.label = f"{row.label}, {job.protocol}, {job.context} tokens"
+        return run_job(lm, model, row, tasks[job.task], samples[job.context], job)
+
+    rows = RowAssembly(jobs, planned, config, next(model.parameters()).dtype, progress)
+
+    def done(i: int, result: JobResult) -> None:
+        if workers > 1:
+            counter.tick(generations(jobs[i]))
+        rows.add(i, result)
+
+    run_jobs(len(jobs), work, workers, done)
+    return rows.rows()
 
 
-def one_row(lm, model, row, tasks, samples, context: int, protocol: str, config: RulerConfig) -> RulerRow:
-    """One row's plans (several for random) in one protocol at one context, on the chosen documents
-    (`both`: lm-eval's own run, for a row that asks alike in both)."""
-    started, per_plan, seen = time.perf_counter(), [], []
-    for plan in row.plans:
-        with dr.apply(model, plan) as runtime:
-            per_plan.append(scores_at(run_lm_eval(lm, tasks, samples, runtime, protocol), context))
-            seen += lm.seen_before_question
-    dtype = next(model.parameters()).dtype
-    result = ruler_row(row, per_plan, context, protocol, config, dtype, time.perf_counter() - started)
-    if seen:  # query-agnostic: what each context's cache had seen when its question came
-        result.extra["seen_before_question"] = [list(pair) for pair in seen]
-    return result
+class RowAssembly:
+    """Jobs' results gathered into one `RulerRow` per (context, row, protocol), in the jobs' order;
+    a row is reported to `progress.row` as soon as its last task is done."""
+
+    def __init__(self, jobs: list[Job], planned, config: RulerConfig, dtype, progress):
+        self.jobs, self.planned, self.config, self.dtype, self.progress = jobs, planned, config, dtype, progress
+        self.keys = list(dict.fromkeys((j.context, j.row, j.protocol) for j in jobs))
+        self.results: dict[int, JobResult] = {}
+        self.finished: dict[tuple, RulerRow] = {}
+
+    def add(self, i: int, result: JobResult) -> None:
+        self.results[i] = result
+        key = (self.jobs[i].context, self.jobs[i].row, self.jobs[i].protocol)
+        mine = [k for k, j in enumerate(self.jobs) if (j.context, j.row, j.protocol) == key]
+        if all(k in self.results for k in mine):
+            self.finished[key] = self.assemble(key, [self.results[k] for k in mine])
+            if hasattr(self.progress, "row"):
+                row = self.finished[key]
+                label = f"{self.planned[key[0]][key[1]].label}, {key[2]}, {key[0]} tokens"
+                self.progress.row(f"{label}: average {row.average:.3f}, KV {row.fraction_of_full:.0%} of full")
+
+    def assemble(self, key, parts: list[JobResult]) -> RulerRow:
+        context, index, protocol = key
+        row = self.planned[context][index]
+        per_plan = [{t: s for part in parts for t, s in part.per_plan[p].items()} for p in range(len(row.plans))]
+        seconds = sum(part.seconds for part in parts)
+        result = ruler_row(row, per_plan, context, protocol, self.config, self.dtype, seconds)
+        seen = [list(pair) for part in parts for pair in part.seen]
+        if seen:  # query-agnostic: what each context's cache had seen when its question came
+            result.extra["seen_before_question"] = seen
+        return result
+
+    def rows(self) -> list[RulerRow]:
+        return [self.finished[key] for key in self.keys]
 
 
 def ruler_row(row, per_plan: list[dict[str, float]], context, protocol, config, dtype, seconds) -> RulerRow:

@@ -197,5 +197,6 @@ def render_ruler_table(rows, console: Console | None = None, title: str | None =
             f"{row.average:.3f}",
             f"{row.fraction_of_full:.3f}",
         )
-    wide = Console() if Console().is_terminal else Console(width=max(132, 60 + 11 * len(tasks)))
+    # piped to a file: wide enough that no column is cut (task names up to 11 characters, 2 of padding)
+    wide = Console() if Console().is_terminal else Console(width=60 + 13 * len(tasks))
     (console or wide).print(table)
