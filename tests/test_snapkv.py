@@ -85,3 +85,19 @@ def test_a_profile_deploys_and_plans_snapkv_by_its_own_fields():
     plan = dr.plan(dr.profile_from_dict(profile.to_dict()), sparsity=0.5)
     assert {p for row in plan.policies for p in row} == {dr.Full(), dr.SnapKV(20, 8)}
     assert plan.kv_tokens(100) == 2 * 100 + 2 * 28
+
+
+def test_a_first_unpadded_pass_attends_as_the_rank_masked_path_does():
+    """A first pass without padding attends causally through sdpa; the same tokens beside a padded
+    row (each head's ranks masking) give the same outputs and the same kept set."""
+    model = tiny_model("llama")
+    plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.SnapKV(selected=6, window=4))
+    ids, mask = left_padded_batch([30, 24])
+    with dr.apply(model, plan) as runtime, torch.no_grad():
+        alone_cache, padded_cache = runtime.new_cache(), runtime.new_cache()
+        alone = model(input_ids=ids[:1], cache=alone_cache).logits[0]
+        padded = model(input_ids=ids, attention_mask=mask, cache=padded_cache).logits[0]
+    torch.testing.assert_close(alone, padded, rtol=0, atol=1e-5)
+    for layer in range(2):
+        a, p = alone_cache.head_groups(layer)[0], padded_cache.head_groups(layer)[0]
+        assert all(a.kept_ranks(0, h) == p.kept_ranks(0, h) for h in range(a.num_kv))

@@ -79,7 +79,10 @@ class SnapKVGroup(H2OGroup):
     policy: SnapKV
 
     def _attend_and_score(self, q, keys, values, step: Step):
-        out, _ = attention_with_mass(q, keys, values, step.new_ranks, self.rank, step.scaling)
+        if keys.shape[2] == q.shape[2] and step.all_valid:  # a first pass, no padding: plain causal attention
+            out = DA.sdpa(q, keys, values, None, step.scaling, causal=True)
+        else:  # earlier slots or padding: each head's own ranks decide what a query sees
+            out, _ = attention_with_mass(q, keys, values, step.new_ranks, self.rank, step.scaling)
         self.score = self._selection(q, keys, values, step)
         return out
 
