@@ -185,6 +185,8 @@ def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) ->
         return len(planned[job.context][job.row].plans) * len(samples[job.context][tasks[job.task].task_name])
 
     counter = GenerationCounter(progress, sum(map(generations, jobs)))
+    if workers > 1:
+        counter.label = f"RULER on {workers} workers"
     lm = lm_eval_model(model, tokenizer, max(config.contexts) + MAX_NEW_TOKENS, counter.tick if workers == 1 else None)
 
     def work(i: int) -> JobResult:
