@@ -212,14 +212,16 @@ class RowAssembly:
 
     def __init__(self, jobs: list[Job], planned, config: RulerConfig, dtype, progress):
         self.jobs, self.planned, self.config, self.dtype, self.progress = jobs, planned, config, dtype, progress
-        self.keys = list(dict.fromkeys((j.context, j.row, j.protocol) for j in jobs))
+        self.groups: dict[tuple, list[int]] = {}  # (context, row, protocol) -> its jobs, in order
+        for i, j in enumerate(jobs):
+            self.groups.setdefault((j.context, j.row, j.protocol), []).append(i)
         self.results: dict[int, JobResult] = {}
         self.finished: dict[tuple, RulerRow] = {}
 
     def add(self, i: int, result: JobResult) -> None:
         self.results[i] = result
         key = (self.jobs[i].context, self.jobs[i].row, self.jobs[i].protocol)
-        mine = [k for k, j in enumerate(self.jobs) if (j.context, j.row, j.protocol) == key]
+        mine = self.groups[key]
         if all(k in self.results for k in mine):
             self.finished[key] = self.assemble(key, [self.results[k] for k in mine])
             if hasattr(self.progress, "row"):
@@ -239,7 +241,7 @@ class RowAssembly:
         return result
 
     def rows(self) -> list[RulerRow]:
-        return [self.finished[key] for key in self.keys]
+        return [self.finished[key] for key in self.groups]
 
 
 def ruler_row(row, per_plan: list[dict[str, float]], context, protocol, config, dtype, seconds) -> RulerRow:
