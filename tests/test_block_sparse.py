@@ -12,6 +12,7 @@ from duocal_runtime import block_sparse as BS
 from duocal_runtime import dense_attention as DA
 from duocal_runtime import ranks as R
 from duocal_runtime import scored_attention, window_attention
+from duocal_runtime.policies import h2o as h2o_policy
 
 from reference_attention import NAME, DenseReference, runtime_kept_ranks
 from runtime_models import left_padded_batch, tiny_model
@@ -116,6 +117,52 @@ def test_attention_mass_without_a_probability_matrix_equals_the_dense_sum(monkey
     want = DA.gqa_outputs((probs @ v.double()).float(), heads)
     real = (q_rank >= 0)[:, None, :, None].expand_as(out)
     torch.testing.assert_close(out[real], want[real], rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("dense_limit", [0, None])  # several blocks of queries; one block
+def test_a_first_pass_masked_by_one_triangle_equals_the_rank_masked_route_bit_for_bit(monkeypatch, dense_limit):
+    if dense_limit is not None:
+        monkeypatch.setattr(DA, "DENSE_MAX_ELEMENTS", dense_limit)
+        monkeypatch.setattr(scored_attention, "BLOCK_ELEMENTS", 301 * 6 * 10)  # 10 queries a block: 31 blocks
+    g = torch.Generator().manual_seed(1)
+    b, heads, kv, t = 1, 6, 2, 301
+    q, k, v = (torch.randn(b, h, t, 16, generator=g) for h in (heads, kv, kv))
+    q_rank = torch.arange(t)[None]
+    k_rank = q_rank[:, None].expand(b, kv, t)
+    masked = scored_attention.attention_with_mass(q, k, v, q_rank, k_rank, 0.3)
+    own = scored_attention.attention_with_mass(q, k, v, q_rank, k_rank, 0.3, first_pass=True)
+    assert torch.equal(own[0], masked[0]) and torch.equal(own[1], masked[1])
+    probs = (
+        (DA.gqa_queries(q, kv).double() @ k.double().transpose(-1, -2) * 0.3)
+        .masked_fill(
+            ~DA.expand_mask_over_heads(torch.ones(t, t, dtype=torch.bool).tril()[None, None], heads // kv),
+            float("-inf"),
+        )
+        .softmax(-1)
+    )
+    torch.testing.assert_close(own[1].double(), probs.sum(2), rtol=0, atol=2e-5)
+
+
+def test_h2o_prefill_takes_the_triangle_route_only_for_an_unpadded_first_pass(monkeypatch):
+    routes = []
+    original = scored_attention.attention_with_mass
+
+    def recording(*args, **kwargs):
+        routes.append(args[6] if len(args) > 6 else kwargs.get("first_pass", False))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(h2o_policy, "attention_with_mass", recording)
+    model = tiny_model("llama")
+    runtime = dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.H2O(8, 8)))
+    with torch.no_grad():
+        cache = runtime.new_cache()
+        model(input_ids=torch.arange(1, 41)[None], cache=cache)  # first pass, no padding
+        model(input_ids=torch.arange(1, 6)[None], cache=cache)  # later pass over kept slots
+        ids, mask = left_padded_batch([30, 20])
+        model(input_ids=ids, attention_mask=mask, cache=runtime.new_cache())  # first pass, padded
+    layers = model.config.num_hidden_layers
+    assert routes == [True] * layers + [False] * layers + [False] * layers
+    runtime.remove()
 
 
 @pytest.mark.slow

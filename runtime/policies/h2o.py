@@ -171,7 +171,8 @@ class H2OGroup(HeadGroup):
         return out
 
     def _attend_and_score(self, q, keys, values, step: Step):
-        out, mass = attention_with_mass(q, keys, values, step.new_ranks, self.rank, step.scaling)
+        first_pass = keys.shape[2] == q.shape[2] and step.all_valid
+        out, mass = attention_with_mass(q, keys, values, step.new_ranks, self.rank, step.scaling, first_pass)
         self.score += mass
         return out
 
