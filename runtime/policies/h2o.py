@@ -170,8 +170,13 @@ class H2OGroup(HeadGroup):
         self._evict(step.real_after)
         return out
 
+    @staticmethod
+    def _first_unpadded_pass(q, keys, step: Step) -> bool:
+        """No earlier slots and no padding: key i is the pass's token i."""
+        return keys.shape[2] == q.shape[2] and step.all_valid
+
     def _attend_and_score(self, q, keys, values, step: Step):
-        first_pass = keys.shape[2] == q.shape[2] and step.all_valid
+        first_pass = self._first_unpadded_pass(q, keys, step)
         out, mass = attention_with_mass(q, keys, values, step.new_ranks, self.rank, step.scaling, first_pass)
         self.score += mass
         return out

@@ -79,7 +79,7 @@ class SnapKVGroup(H2OGroup):
     policy: SnapKV
 
     def _attend_and_score(self, q, keys, values, step: Step):
-        if keys.shape[2] == q.shape[2] and step.all_valid:  # a first pass, no padding: plain causal attention
+        if self._first_unpadded_pass(q, keys, step):  # plain causal attention
             out = DA.sdpa(q, keys, values, None, step.scaling, causal=True)
         else:  # earlier slots or padding: each head's own ranks decide what a query sees
             out, _ = attention_with_mass(q, keys, values, step.new_ranks, self.rank, step.scaling)
