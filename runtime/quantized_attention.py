@@ -1,14 +1,17 @@
 """Attention over KIVI-quantized keys and values without dequantizing the whole history.
 
-The quantized part (every token older than the residual) is read `CODED_BLOCK` tokens at a
-time and never dequantized: its scores are (q × scale) · codes + q · zero per group of tokens
-(keys), its output (p × scale) @ codes + p @ zero per group of channels (values), as matmuls on
-the codes converted to fp32 run by run (4-bit nibbles hold the two halves of the channels, so
-nothing is interleaved). Measured on CPU (2048 tokens, 4 KV heads, head_dim 64): 1.5× (keys) and
-2.2× (values) faster than dequantizing the block first. Each block is folded into a running
-softmax (running max, sum and weighted values, as flash attention combines blocks). The
-full-precision residual (which holds the pass's new tokens) is the last block, with the causal
-mask. Math in fp32; the result is in the queries' dtype.
+On the CPU a decode pass reads the quantized part (every token older than the residual) with the C
+kernel of coded_kernels.py: 8 tokens at a time straight from the codes, scores, softmax and values
+in registers, one call for every head. Elsewhere (CUDA, a traced graph, prefill-sized query
+blocks, no C compiler) it is read `CODED_BLOCK` tokens at a time in torch and never dequantized:
+its scores are (q × scale) · codes + q · zero per group of tokens (keys), its output (p × scale) @
+codes + p @ zero per group of channels (values), as matmuls on the codes converted to fp32 run by
+run (4-bit nibbles hold the two halves of the channels, so nothing is interleaved). Measured on
+CPU (2048 tokens, 4 KV heads, head_dim 64): 1.5× (keys) and 2.2× (values) faster than
+dequantizing the block first. Each block is folded into a running softmax (running max, sum and
+weighted values, as flash attention combines blocks). The full-precision residual (which holds the
+pass's new tokens) is the last block, with the causal mask. Math in fp32; the result is in the
+queries' dtype.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import coded_kernels
 from . import kv_quant as Q
 
 CODED_BLOCK = 2048  # tokens of quantized history read at once (a multiple of every group size used)
@@ -38,6 +42,15 @@ class RunningSoftmax:
         keep = torch.exp(self.max - safe)
         self.sum = self.sum * keep + p.sum(-1, keepdim=True)
         self.acc = self.acc * keep + weighted(p)
+        self.max = new_max
+
+    def fold(self, top: torch.Tensor, total: torch.Tensor, weighted: torch.Tensor) -> None:
+        """Keys seen elsewhere, as their max, sum of exp(score − max) and unnormalized weighted values."""
+        new_max = torch.maximum(self.max, top)
+        safe = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+        keep, theirs = torch.exp(self.max - safe), torch.exp(top - safe)
+        self.sum = self.sum * keep + total * theirs
+        self.acc = self.acc * keep + weighted * theirs
         self.max = new_max
 
     def result(self) -> torch.Tensor:
@@ -74,7 +87,11 @@ def channel_groups(codes: torch.Tensor, bits: int, group: int):
 
 def weighted_values(p: torch.Tensor, values: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor:
     """p [B, G, RT, n] times n coded values -> [B, G, RT, D]: per group of channels, (p × scale) @
-    codes + p @ zero (matmuls over the tokens; the dequantized values are never formed)."""
+    codes + p @ zero (matmuls over the tokens; the dequantized values are never formed); the C kernel
+    where it applies."""
+    fast = coded_kernels.weighted_token_values(p, values, bits, group)
+    if fast is not None:
+        return fast
     scale, zero = values.scale.float(), values.zero.float()
     outs = [
         (p * scale[:, :, None, :, j]) @ codes + p @ zero[..., j : j + 1]
@@ -94,6 +111,18 @@ def token_key_scores(qg: torch.Tensor, keys: Q.QuantizedKV, bits: int, group: in
     return scores
 
 
+def add_blocks(softmax: RunningSoftmax, qg, keys: Q.QuantizedKV, values: Q.QuantizedKV, visible, bits: int, group: int):
+    """The coded history in torch, `CODED_BLOCK` tokens at a time (`visible` [B, N] or None)."""
+    n = keys.codes.shape[2]
+    for start in range(0, n, CODED_BLOCK):
+        stop = min(n, start + CODED_BLOCK)
+        kb, vb = Q.token_slice(keys, start, stop, group, True), Q.token_slice(values, start, stop, group, False)
+        scores = key_scores(qg, kb, bits, group)
+        if visible is not None:
+            scores = scores.masked_fill(~visible[:, None, None, start:stop], float("-inf"))
+        softmax.add(scores, lambda p, vb=vb: weighted_values(p, vb, bits, group))
+
+
 def quantized_attention(q, quantized, residual_k, residual_v, masks, scaling: float, bits: int, group: int):
     """q [B, G*R, T, D]; `quantized` (keys, values) as `QuantizedKV` of the N oldest tokens or None;
     residual k/v [B, G, M, D]; masks (history [B, 1, 1, N] or None, residual [B or 1, 1, T, M] or None:
@@ -105,14 +134,12 @@ def quantized_attention(q, quantized, residual_k, residual_v, masks, scaling: fl
     softmax = RunningSoftmax(qg)
     if quantized is not None:
         keys, values = quantized
-        n = keys.codes.shape[2]
-        for start in range(0, n, CODED_BLOCK):
-            stop = min(n, start + CODED_BLOCK)
-            kb, vb = Q.token_slice(keys, start, stop, group, True), Q.token_slice(values, start, stop, group, False)
-            scores = key_scores(qg, kb, bits, group)
-            if masks[0] is not None:
-                scores = scores.masked_fill(~masks[0][..., start:stop], float("-inf"))
-            softmax.add(scores, lambda p, vb=vb: weighted_values(p, vb, bits, group))
+        visible = None if masks[0] is None else masks[0].expand(b, 1, 1, -1).reshape(b, -1)
+        fused = coded_kernels.attend(qg, keys, values, visible, bits, group)
+        if fused is not None:
+            softmax.fold(*fused)
+        else:
+            add_blocks(softmax, qg, keys, values, visible, bits, group)
     scores = qg @ residual_k.float().transpose(-1, -2)  # [B, G, R*T, M]
     if masks[1] is not None:  # [B or 1, 1, T, M] -> every query head of the group
         visible = (

@@ -1,0 +1,184 @@
+"""The C kernels of coded decode attention (kernels/coded_attention.c, vectors.h), built on first use.
+
+Decode over KIVI codes in torch converts every block of codes to fp32 and runs small matmuls on
+it; the C kernels read the codes as they are, a row at a time, and keep the sums in registers.
+They are compiled once per machine with the system's C compiler (`$CC`, else `cc`; `-O3
+-march=native`) into duocal's cache folder (`kernels/`, keyed by the source, the compiler and the
+CPU), written under a temporary name and renamed, so processes that build at once never load half
+a file. Without a compiler, or with `DUOCAL_KERNELS=off`, or where a shape is outside what the
+kernels take (CUDA tensors, a traced graph, prefill-sized query blocks, head_dim not a multiple of
+16), `attend` / `weighted_token_values` return None and the caller computes the same sums in torch.
+A failed build warns once with the compiler's message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from . import kv_quant as Q
+
+SOURCE = Path(__file__).with_name("kernels") / "coded_attention.c"
+SWITCH_ENV = "DUOCAL_KERNELS"
+MAX_ROWS, MAX_HEAD_DIM = 64, 256  # MAXR and MAXV * 8 in the C source
+TOKENS_PER_THREAD = 32768
+COMMON = ("-O3", "-shared", "-fPIC", "-pthread")
+FLAGS = (("-march=native", *COMMON), COMMON)
+
+
+def enabled() -> bool:
+    return os.environ.get(SWITCH_ENV, "on").strip().lower() not in ("0", "off", "false", "no")
+
+
+def attend(
+    qg: torch.Tensor, keys: Q.QuantizedKV, values: Q.QuantizedKV, visible: torch.Tensor | None, bits: int, group: int
+):
+    """Softmax of qg [B, G, RT, D] (scaled) over n coded tokens (`visible` [B, n] bool or None), as
+    (running max, sum of exp(score − max), unnormalized weighted values): [B, G, RT, 1] twice and
+    [B, G, RT, D], fp32; None where the kernel does not apply."""
+    n = keys.codes.shape[2]
+    if n % group or not _applies(qg, keys, bits, group):
+        return None
+    b, g, rows, d = qg.shape
+    qg = qg.float().contiguous()
+    parts = [_rows(t) for t in (keys.codes, keys.scale.float(), keys.zero.float())]
+    parts += [_rows(t) for t in (values.codes, values.scale.float(), values.zero.float())]
+    mask = None if visible is None else visible.to(torch.uint8).contiguous()
+    out = torch.empty(b, g, rows, d, dtype=torch.float32)
+    top, total = (torch.empty(b, g, rows, 1, dtype=torch.float32) for _ in range(2))
+    library().duocal_coded_attention(
+        qg.data_ptr(), *(t.data_ptr() for t in parts), _strides(parts),
+        None if mask is None else mask.data_ptr(), 0 if mask is None else mask.stride(0),
+        out.data_ptr(), top.data_ptr(), total.data_ptr(),
+        b, g, rows, d, n, bits, group, _threads(b * g, n),
+    )  # fmt: skip
+    return top, total, out
+
+
+def weighted_token_values(p: torch.Tensor, values: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor | None:
+    """The C kernel's [B, G, RT, D] sums of p [B, G, RT, n] times values coded per token, or None."""
+    if not _applies(p, values, bits, group):
+        return None
+    b, g, rows, n = p.shape
+    p = p.float().contiguous()
+    parts = [_rows(t) for t in (values.codes, values.scale.float(), values.zero.float())]
+    out = torch.empty(b, g, rows, values.codes.shape[3] * 8 // bits, dtype=torch.float32)
+    library().duocal_weighted_values(
+        p.data_ptr(), *(t.data_ptr() for t in parts), _strides(parts),
+        out.data_ptr(), b, g, rows, out.shape[-1], n, bits, group, _threads(b * g, n),
+    )  # fmt: skip
+    return out
+
+
+def _applies(x: torch.Tensor, coded: Q.QuantizedKV, bits: int, group: int) -> bool:
+    d = coded.codes.shape[3] * 8 // bits
+    return (
+        x.device.type == "cpu"
+        and coded.codes.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and x.shape[2] <= MAX_ROWS
+        and d % 16 == 0
+        and d <= MAX_HEAD_DIM
+        and group % 8 == 0
+        and enabled()
+        and library() is not None
+    )
+
+
+def _threads(heads: int, n: int) -> int:
+    """torch's thread count, at most one per head and per TOKENS_PER_THREAD head-tokens (starting a
+    thread costs tens of microseconds; a short history is faster on one)."""
+    return max(1, min(torch.get_num_threads(), heads, heads * n // TOKENS_PER_THREAD))
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _strides(parts: list[torch.Tensor]):
+    """(b, g, token) strides of each part, in elements, as one int64 array."""
+    return (ctypes.c_int64 * (3 * len(parts)))(*(s for t in parts for s in t.stride()[:3]))
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The built kernels, or None (warned once) when they cannot be built here."""
+    try:
+        lib = _load()
+    except (OSError, subprocess.SubprocessError) as err:
+        warnings.warn(
+            f"duocal: coded attention runs in torch (slower), the C kernels did not build: {err}", stacklevel=2
+        )
+        return None
+    i64, ptr, i64s = ctypes.c_int64, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)
+    lib.duocal_coded_attention.argtypes = [ptr] * 7 + [i64s, ptr, i64] + [ptr] * 3 + [i64] * 7
+    lib.duocal_weighted_values.argtypes = [ptr] * 4 + [i64s, ptr] + [i64] * 7
+    lib.duocal_coded_attention.restype = lib.duocal_weighted_values.restype = None
+    return lib
+
+
+def _load() -> ctypes.CDLL:
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        raise OSError(f"no C compiler {compiler!r} on PATH (install one, or set CC)")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    sources = [p.read_text() for p in sorted(SOURCE.parent.glob("*.[ch]"))]  # the kernel and its header
+    key = hashlib.sha256("\0".join((*sources, compiler, version, repr(FLAGS), _cpu())).encode()).hexdigest()
+    target = _cache_folder() / f"coded_attention-{key[:16]}.so"
+    if target.is_file():
+        try:
+            return ctypes.CDLL(str(target))
+        except OSError:  # a damaged file in the cache: built again below, renamed over it
+            pass
+    return ctypes.CDLL(str(_build(compiler, target)))
+
+
+def _build(compiler: str, target: Path) -> Path:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
+    except OSError:  # a cache this user cannot write: a build for this process only
+        target = Path(tempfile.mkdtemp(prefix="duocal-kernels-")) / target.name
+        fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".partial")
+    os.close(fd)
+    try:
+        errors = []
+        for flags in FLAGS:  # -march=native first; a compiler that refuses it gets portable code
+            done = subprocess.run(
+                [compiler, *flags, "-o", partial, str(SOURCE)], capture_output=True, text=True, timeout=300
+            )
+            if done.returncode == 0:
+                os.replace(partial, target)
+                return target
+            errors.append(done.stderr.strip()[-1000:])
+        raise OSError(f"{compiler} failed: {errors[-1]}")
+    finally:
+        Path(partial).unlink(missing_ok=True)
+
+
+def _cache_folder() -> Path:
+    from .fetching.profile_cache import default_cache_dir
+
+    try:
+        return default_cache_dir() / "kernels"
+    except ValueError:  # the cache path is a file
+        return Path(tempfile.mkdtemp(prefix="duocal-kernels-"))
+
+
+def _cpu() -> str:
+    """What -march=native depends on: the CPU's model and flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine() + platform.processor()
+    return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags", "Features"))}))
