@@ -57,8 +57,11 @@ static inline __attribute__((always_inline)) void value_tile(const Coded *v, int
     for (int64_t k = 0; k < count; k++) unpack(code_row(v, b, g, t0 + k), nv, bits, c[k]);
     if (count == TILE) { /* a whole tile: scales and zeros of its 8 tokens as vectors, per channel group */
         v8f sv[MAXV], zv[MAXV], w[MAXV];
-        for (int64_t m = 0; m < ng; m++)
-            for (int64_t k = 0; k < TILE; k++) sv[m][k] = s0[(t0 + k) * v->ss[2] + m], zv[m][k] = z0[(t0 + k) * v->zs[2] + m];
+        for (int64_t m = 0; m < ng; m++) {
+            float sk[TILE], zk[TILE];
+            for (int64_t k = 0; k < TILE; k++) sk[k] = s0[(t0 + k) * v->ss[2] + m], zk[k] = z0[(t0 + k) * v->zs[2] + m];
+            sv[m] = load8(sk), zv[m] = load8(zk);
+        }
         for (int64_t r = 0; r < R; r++) {
             const v8f pv = load8(p + r * p_r);
             for (int64_t i = 0; i < nv; i++) a[i] = acc[r][i];
@@ -205,23 +208,18 @@ static inline __attribute__((always_inline)) void value_head(const Job *j, int64
 #define CASE(head, j, h, d, w, gr) \
     if (j->D == d && j->bits == w && j->group == gr) { head(j, h, d, w, gr); continue; }
 
-static void *attend_job(void *arg) {
-    const Job *j = arg;
-    for (int64_t h = j->first; h < j->last; h++) {
-        SHAPES(CASE, attend_head, j, h)
-        attend_head(j, h, j->D, j->bits, j->group);
+/* a thread's share of the heads: the shape's own code where it has one */
+#define HEADS_JOB(name, head)                                 \
+    static void *name(void *arg) {                            \
+        const Job *j = arg;                                   \
+        for (int64_t h = j->first; h < j->last; h++) {        \
+            SHAPES(CASE, head, j, h)                          \
+            head(j, h, j->D, j->bits, j->group);              \
+        }                                                     \
+        return NULL;                                          \
     }
-    return NULL;
-}
-
-static void *value_job(void *arg) {
-    const Job *j = arg;
-    for (int64_t h = j->first; h < j->last; h++) {
-        SHAPES(CASE, value_head, j, h)
-        value_head(j, h, j->D, j->bits, j->group);
-    }
-    return NULL;
-}
+HEADS_JOB(attend_job, attend_head)
+HEADS_JOB(value_job, value_head)
 
 /* Heads split over `threads` threads, this one included (a thread that cannot start: its heads run here). */
 static void run(void *(*work)(void *), Job job, int64_t threads) {
