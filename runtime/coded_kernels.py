@@ -6,9 +6,9 @@ They are compiled once per machine with the system's C compiler (`$CC`, else `cc
 -march=native`) into duocal's cache folder (`kernels/`, keyed by the source, the compiler and the
 CPU), written under a temporary name and renamed, so processes that build at once never load half
 a file. Without a compiler, or with `DUOCAL_KERNELS=off`, or where a shape is outside what the
-kernels take (CUDA tensors, a traced graph, prefill-sized query blocks, head_dim not a multiple of
-16), `attend` / `weighted_token_values` return None and the caller computes the same sums in torch.
-A failed build warns once with the compiler's message.
+kernels take (CUDA tensors, a traced graph, queries that need gradients, prefill-sized query
+blocks, head_dim not a multiple of 16), `attend` / `weighted_token_values` return None and the
+caller computes the same sums in torch. A failed build warns once with the compiler's message.
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ def _applies(x: torch.Tensor, coded: Q.QuantizedKV, bits: int, group: int) -> bo
         x.device.type == "cpu"
         and coded.codes.device.type == "cpu"
         and not torch.compiler.is_compiling()
+        and not (torch.is_grad_enabled() and x.requires_grad)  # the kernel has no backward
         and x.shape[2] <= MAX_ROWS
         and d % 16 == 0
         and d <= MAX_HEAD_DIM

@@ -111,6 +111,7 @@ def test_shapes_outside_the_kernel_use_torch():
     assert CK.attend(torch.randn(1, 1, 2, 24), *history, None, 8, 8) is None
     history = coded_history(1, 1, 64, 64, 4, 32)
     assert CK.attend(torch.randn(1, 1, CK.MAX_ROWS + 1, 64), *history, None, 4, 32) is None  # a prefill block
+    assert CK.attend(torch.randn(1, 1, 2, 64, requires_grad=True), *history, None, 4, 32) is None  # no backward
 
 
 STUB = """
