@@ -7,7 +7,7 @@ They are compiled once per machine with the system's C compiler (`$CC`, else `cc
 CPU), written under a temporary name and renamed, so processes that build at once never load half
 a file. Without a compiler, or with `DUOCAL_KERNELS=off`, or where a shape is outside what the
 kernels take (CUDA tensors, a traced graph, queries that need gradients, prefill-sized query
-blocks, head_dim not a multiple of 16), `attend` / `weighted_token_values` return None and the
+blocks, head_dim not a multiple of 16), `attend` / `weighted_token_values` / `token_scores` return None and the
 caller computes the same sums in torch. A failed build warns once with the compiler's message.
 """
 
@@ -67,15 +67,26 @@ def attend(
 
 def weighted_token_values(p: torch.Tensor, values: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor | None:
     """The C kernel's [B, G, RT, D] sums of p [B, G, RT, n] times values coded per token, or None."""
-    if not _applies(p, values, bits, group):
+    return _per_token("duocal_weighted_values", p, values, values.codes.shape[3] * 8 // bits, bits, group)
+
+
+def token_scores(qg: torch.Tensor, keys: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor | None:
+    """The C kernel's [B, G, RT, n] scores of qg [B, G, RT, D] against keys coded per token, or None."""
+    return _per_token("duocal_token_scores", qg, keys, keys.codes.shape[2], bits, group)
+
+
+def _per_token(kernel: str, x: torch.Tensor, coded: Q.QuantizedKV, width: int, bits: int, group: int):
+    """x [B, G, RT, *] against tokens coded per token -> [B, G, RT, width] (fp32), or None."""
+    if not _applies(x, coded, bits, group):
         return None
-    b, g, rows, n = p.shape
-    p = p.float().contiguous()
-    parts = [_rows(t) for t in (values.codes, values.scale.float(), values.zero.float())]
-    out = torch.empty(b, g, rows, values.codes.shape[3] * 8 // bits, dtype=torch.float32)
-    library().duocal_weighted_values(
-        p.data_ptr(), *(t.data_ptr() for t in parts), _strides(parts),
-        out.data_ptr(), b, g, rows, out.shape[-1], n, bits, group, _threads(b * g, n),
+    b, g, rows, _ = x.shape
+    x = x.float().contiguous()
+    parts = [_rows(t) for t in (coded.codes, coded.scale.float(), coded.zero.float())]
+    out = torch.empty(b, g, rows, width, dtype=torch.float32)
+    d, n = coded.codes.shape[3] * 8 // bits, coded.codes.shape[2]
+    getattr(library(), kernel)(
+        x.data_ptr(), *(t.data_ptr() for t in parts), _strides(parts),
+        out.data_ptr(), b, g, rows, d, n, bits, group, _threads(b * g, n),
     )  # fmt: skip
     return out
 
@@ -123,8 +134,9 @@ def library() -> ctypes.CDLL | None:
         return None
     i64, ptr, i64s = ctypes.c_int64, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)
     lib.duocal_coded_attention.argtypes = [ptr] * 7 + [i64s, ptr, i64] + [ptr] * 3 + [i64] * 7
-    lib.duocal_weighted_values.argtypes = [ptr] * 4 + [i64s, ptr] + [i64] * 7
-    lib.duocal_coded_attention.restype = lib.duocal_weighted_values.restype = None
+    for per_token in (lib.duocal_weighted_values, lib.duocal_token_scores):
+        per_token.argtypes, per_token.restype = [ptr] * 4 + [i64s, ptr] + [i64] * 7, None
+    lib.duocal_coded_attention.restype = None
     return lib
 
 

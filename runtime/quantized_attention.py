@@ -102,7 +102,10 @@ def weighted_values(p: torch.Tensor, values: Q.QuantizedKV, bits: int, group: in
 
 def token_key_scores(qg: torch.Tensor, keys: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor:
     """qg [B, G, RT, D] against n keys coded per token (scales [B, G, n, D / group], as values are) ->
-    [B, G, RT, n]: per group of channels, (q · codes) × scale + (Σ q) × zero."""
+    [B, G, RT, n]: per group of channels, (q · codes) × scale + (Σ q) × zero; the C kernel where it applies."""
+    fast = coded_kernels.token_scores(qg, keys, bits, group)
+    if fast is not None:
+        return fast
     scale, zero, scores = keys.scale.float(), keys.zero.float(), 0
     for j, first, codes in channel_groups(keys.codes, bits, group):
         part = qg[..., first : first + group]

@@ -91,6 +91,28 @@ def test_the_values_kernel_equals_the_torch_sums_on_any_number_of_slots(n):
 
 
 @needs_kernels
+@pytest.mark.parametrize(
+    "n, d, bits, group",
+    [(96, 64, 4, 32), (61, 64, 8, 32), (45, 128, 4, 64), (37, 16, 8, 8)],
+    ids=["whole-tiles-4bit", "a-short-tile-8bit", "d128-group64", "d16-group8"],
+)
+def test_the_key_scores_kernel_equals_scores_over_the_dequantized_keys(n, d, bits, group):
+    torch.manual_seed(4)
+    rows = Q.encode_tokens(torch.randn(2, 3, n + 5, d) * 2, bits, group)[:, :, 5:]  # slots start mid-buffer
+    keys = Q.token_rows(rows, bits, group, d, torch.float32)
+    assert not keys.codes.is_contiguous()
+    qg = torch.randn(2, 3, 4, d)
+    fast = CK.token_scores(qg, keys, bits, group)
+    assert fast is not None and fast.shape == (2, 3, 4, n)
+    want = qg.double() @ Q.dequantize_values(keys, bits, group, torch.float64).transpose(-1, -2)
+    torch.testing.assert_close(fast.double(), want, rtol=0, atol=1e-4)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CK.SWITCH_ENV, "off")
+        assert CK.token_scores(qg, keys, bits, group) is None
+        torch.testing.assert_close(QA.token_key_scores(qg, keys, bits, group), fast, rtol=0, atol=1e-4)
+
+
+@needs_kernels
 def test_threads_split_heads_and_give_the_same_result(monkeypatch):
     monkeypatch.setattr(CK, "TOKENS_PER_THREAD", 64)
     history = coded_history(1, 4, 512, 64, 4, 32, seed=3)
@@ -118,6 +140,7 @@ STUB = """
 #include <stdint.h>
 void duocal_coded_attention(void) {}
 void duocal_weighted_values(void) {}
+void duocal_token_scores(void) {}
 """
 
 

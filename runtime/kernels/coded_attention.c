@@ -7,12 +7,14 @@
  *   with its full-precision residual. Keys coded per channel over groups of tokens, values per
  *   token over groups of channels; 8 tokens at a time, scores, softmax and values in registers.
  * duocal_weighted_values: p @ values for values coded per token (H2O slots).
+ * duocal_token_scores: q . keys for keys coded per token, as values are (H2O slots).
  *
  * Layouts (fp32 unless said): q [B, G, R, D] (scaled) and p [B, G, R, n] contiguous; codes uint8
  * rows of D * bits / 8 bytes (4 bits: channel i in the low nibble of byte i, channel i + D/2 in
  * the high one); keys' scale and zero a row of D per group of `group` tokens, values' a row of
- * D / group per token; strides (b, g, token) in elements, the last axis contiguous; the mask uint8
- * [B, n] (1 = visible, batch stride mask_b) or NULL. Needs D % 16 == 0, D <= 256, group % 8 == 0,
+ * D / group per token (keys too, in duocal_token_scores); strides (b, g, token) in elements, the
+ * last axis contiguous; the mask uint8 [B, n] (1 = visible, batch stride mask_b) or NULL; scores
+ * out [B, G, R, n]. Needs D % 16 == 0, D <= 256, group % 8 == 0,
  * R <= 64, and n % group == 0 for coded keys.
  */
 #include <math.h>
@@ -201,6 +203,56 @@ static inline __attribute__((always_inline)) void value_head(const Job *j, int64
     store_rows(j->out + h * R * D, R, D, group, acc, zacc);
 }
 
+/* a token's codes scaled per channel group: codes * scale, the zero point left to the caller */
+static inline __attribute__((always_inline)) void scaled_row(const Coded *k, int64_t b, int64_t g, int64_t t, v8f *c,
+                                                             const int64_t nv, const int64_t bits, const int64_t group) {
+    const float *s = k->scale + b * k->ss[0] + g * k->ss[1] + t * k->ss[2];
+    unpack(code_row(k, b, g, t), nv, bits, c);
+    for (int64_t i = 0; i < nv; i++) c[i] *= splat(s[8 * i / group]);
+}
+
+/* one KV head: q[r] . (codes[t] * scale[t] + zero[t]) for every row and token, the zero point as
+ * (sum of the group's q) * zero */
+static inline __attribute__((always_inline)) void token_score_head(const Job *j, int64_t h, const int64_t D, const int64_t bits, const int64_t group) {
+    const int64_t nv = D / 8, ng = D / group, R = j->R, n = j->n, b = h / j->G, g = h % j->G;
+    const float *q = j->x + h * R * D, *z0 = j->k.zero + b * j->k.zs[0] + g * j->k.zs[1];
+    float *out = j->out + h * R * n, qsum[MAXR][MAXV];
+    v8f qv[MAXR][MAXV], c[TILE][MAXV], acc[TILE];
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t m = 0; m < ng; m++) qsum[r][m] = 0;
+        for (int64_t i = 0; i < nv; i++) qv[r][i] = load8(q + r * D + 8 * i), qsum[r][8 * i / group] += sum1(qv[r][i]);
+    }
+    int64_t t0 = 0;
+    for (; t0 + TILE <= n; t0 += TILE) {
+        v8f zv[MAXV];
+        for (int64_t t = 0; t < TILE; t++) scaled_row(&j->k, b, g, t0 + t, c[t], nv, bits, group);
+        for (int64_t m = 0; m < ng; m++) {
+            float zk[TILE];
+            for (int64_t t = 0; t < TILE; t++) zk[t] = z0[(t0 + t) * j->k.zs[2] + m];
+            zv[m] = load8(zk);
+        }
+        for (int64_t r = 0; r < R; r++) {
+            for (int64_t t = 0; t < TILE; t++) acc[t] = qv[r][0] * c[t][0];
+            for (int64_t i = 1; i < nv; i++)
+                for (int64_t t = 0; t < TILE; t++) acc[t] += qv[r][i] * c[t][i];
+            v8f sc = sums8(acc);
+            for (int64_t m = 0; m < ng; m++) sc += splat(qsum[r][m]) * zv[m];
+            store8(out + r * n + t0, sc);
+        }
+    }
+    for (; t0 < n; t0++) { /* the last n % 8 tokens one at a time */
+        const float *z = z0 + t0 * j->k.zs[2];
+        scaled_row(&j->k, b, g, t0, c[0], nv, bits, group);
+        for (int64_t r = 0; r < R; r++) {
+            v8f a = qv[r][0] * c[0][0];
+            for (int64_t i = 1; i < nv; i++) a += qv[r][i] * c[0][i];
+            float sc = sum1(a);
+            for (int64_t m = 0; m < ng; m++) sc += qsum[r][m] * z[m];
+            out[r * n + t0] = sc;
+        }
+    }
+}
+
 /* The default group of 32 at head_dim 64 and 128 gets its own code (constant loop bounds, registers
  * instead of memory); other shapes run the same code with bounds read at run time. */
 #define SHAPES(X, head, j, h) \
@@ -220,6 +272,7 @@ static inline __attribute__((always_inline)) void value_head(const Job *j, int64
     }
 HEADS_JOB(attend_job, attend_head)
 HEADS_JOB(value_job, value_head)
+HEADS_JOB(token_score_job, token_score_head)
 
 /* Heads split over `threads` threads, this one included (a thread that cannot start: its heads run here). */
 static void run(void *(*work)(void *), Job job, int64_t threads) {
@@ -262,4 +315,11 @@ void duocal_weighted_values(const float *p, const uint8_t *vc, const float *vs, 
                             int64_t threads) {
     Job job = {p, {0}, coded(vc, vs, vz, strides), NULL, 0, out, NULL, NULL, B, G, R, D, n, bits, group, 0, 0};
     run(value_job, job, threads);
+}
+
+void duocal_token_scores(const float *q, const uint8_t *kc, const float *ks, const float *kz, const int64_t *strides,
+                         float *out, int64_t B, int64_t G, int64_t R, int64_t D, int64_t n, int64_t bits, int64_t group,
+                         int64_t threads) {
+    Job job = {q, coded(kc, ks, kz, strides), {0}, NULL, 0, out, NULL, NULL, B, G, R, D, n, bits, group, 0, 0};
+    run(token_score_job, job, threads);
 }
