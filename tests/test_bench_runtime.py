@@ -43,7 +43,7 @@ def test_benchmark_rows_on_the_tiny_shape():
 
 
 def test_quantized_rows_hold_their_analytic_bytes_and_name_their_plan():
-    rows = "dynamic,full,full-kv8,full-kv4,stream50-kv4"
+    rows = "dynamic,full,full-kv8,full-kv4,stream50-kv4,hqq8"
     args = parse_args(["--shape", "tiny", "--contexts", "4500", "--rows", rows, "--max-prefill", "0"])
     args.steps, args.warmup = 14, 1  # 4352 tokens coded after the fill; the 12th step codes 32 more (the buffers grow)
     results = rows_in_process(args)
@@ -54,6 +54,8 @@ def test_quantized_rows_hold_their_analytic_bytes_and_name_their_plan():
     assert by_row["full-kv4"]["kv_vs_dynamic"] < by_row["full-kv8"]["kv_vs_dynamic"] < 0.6
     assert by_row["stream50-kv4"]["kv_bytes"] < by_row["full-kv4"]["kv_bytes"]
     assert R.kv_bits_of("stream50-kv4") == ("stream50", 4) and R.kv_bits_of("full") == ("full", 16)
+    hqq = by_row["hqq8"]  # transformers' QuantizedCache (HQQ): codes, fp32 scales and zeros per 32, a residual
+    assert hqq["decode_tok_s"] > 0 and 0.9 < hqq["kv_bytes"] / by_row["full-kv8"]["kv_bytes"] < 1.1
 
 
 def test_max_context_table_multiplies_sparsity_and_bits(capsys):

@@ -60,10 +60,25 @@ def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo):
     model, tokenizer = demo
     profile = dr.load_profile(str(DEMO_MODEL_DIR.parents[2] / "profiles" / "demo-model.json"))
     config = PerplexityConfig(
-        rows=("full", "duo", "streaming"), sparsities=(0.5,), context=400, chunk=50, windows=1, kv_bits=(16, 8, 4)
+        rows=("full", "duo", "streaming"),
+        sparsities=(0.5,),
+        context=400,
+        chunk=50,
+        windows=1,
+        kv_bits=(16, 8, 4),
+        baselines=("hqq8", "hqq4"),
     )
     rows = {(r.row, r.kv_bits): r for r in evaluate_perplexity(model, tokenizer, TEXT, config, profile=profile)}
-    assert set(rows) == {(row, bits) for row in ("full", "duo") for bits in (16, 8, 4)} | {("streaming", 16)}
+    assert set(rows) == {(row, bits) for row in ("full", "duo") for bits in (16, 8, 4)} | {
+        ("streaming", 16),
+        ("hqq8", 8),
+        ("hqq4", 4),
+    }
+    for bits in (8, 4):  # transformers' QuantizedCache: coded too (its bytes measured from its cache)
+        baseline = rows[f"hqq{bits}", bits]
+        assert baseline.ppl != rows["full", 16].ppl and baseline.ppl == pytest.approx(rows["full", 16].ppl, rel=0.1)
+        assert baseline.kv_bytes < 0.6 * rows["full", 16].kv_bytes and baseline.sparsity == 0
+    assert rows["hqq4", 4].kv_bytes < rows["hqq8", 8].kv_bytes
     for row in ("full", "duo"):
         assert rows[row, 4].kv_bytes < rows[row, 8].kv_bytes < rows[row, 16].kv_bytes
         assert rows[row, 8].ppl == pytest.approx(rows[row, 16].ppl, rel=0.02)  # 8 bits: hardly a change
@@ -82,6 +97,7 @@ def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo):
         (dict(sparsities=(1.5,)), "sparsity must be in"),
         (dict(kv_bits=(16, 3)), "kv bits must be distinct values of 16, 8 and 4, got 16, 3"),
         (dict(kv_bits=(8, 8)), "kv bits must be distinct"),
+        (dict(baselines=("quanto8",)), "unknown QuantizedCache row 'quanto8'"),
     ],
 )
 def test_bad_settings_are_refused(kwargs, message):
@@ -106,12 +122,14 @@ def test_cli_json_rows_and_clear_errors(tmp_path):
             "1",
             "--rows",
             "full,streaming",
+            "--baselines",
+            "hqq4",
             "--json",
         ],
     )
     assert out.exit_code == 0, out.output
     rows = json.loads(out.stdout)
-    assert [r["row"] for r in rows] == ["full", "streaming"]
+    assert [r["row"] for r in rows] == ["full", "streaming", "hqq4"] and rows[2]["kv_bits"] == 4
     assert set(rows[0]) >= {"policy", "sparsity", "context", "tokens_scored", "ppl", "kv_bytes"}
     short = runner.invoke(app, ["eval", "ppl", "--text", str(text), "--context", "4000"])
     assert short.exit_code == 1 and "fewer than one window of 4000" in short.output

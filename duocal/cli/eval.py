@@ -187,6 +187,13 @@ def ppl(
     recent: RecentOpt = None,
     random_seeds: RandomSeedsOpt = 3,
     kv_bits: KvBitsOpt = "16",
+    baselines: Annotated[
+        Optional[str],
+        typer.Option(
+            help="transformers' QuantizedCache rows on the same windows: quanto4, hqq8, hqq4 "
+            "(needs optimum-quanto / hqq: pip install -c constraints.txt -e '.[bench]')."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ):
     """Perplexity of a long natural text under each row's plan, run through the per-head cache.
@@ -213,6 +220,7 @@ def ppl(
             recent=recent,
             random_seeds=random_seeds,
             kv_bits=tuple(split(kv_bits, int, "kv-bits")),
+            baselines=() if baselines is None else tuple(split(baselines, str, "baselines")),
         )
         source = text or Path(str(resources.files("duocal") / "assets" / "texts" / DEFAULT_TEXT))
         content = read_text(source, "--text")

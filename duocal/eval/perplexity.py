@@ -5,11 +5,14 @@ scored` tokens are one prefill, then the scored tokens go through the cache in c
 `chunk` tokens, each attending only to what the cache still holds (H2O evicts after every
 chunk; `chunk=1` is token-by-token decoding). The loss of every scored token (predicted from the
 tokens before it) is averaged over windows; ppl = exp(mean loss). Rows are the evaluation rows of
-row_kinds.py (full, duo, streaming, h2o, random, mix), on the same windows.
+row_kinds.py (full, duo, streaming, h2o, random, mix), on the same windows, and `baselines`:
+transformers' `QuantizedCache` (duocal_runtime.hf_quantized: quanto4, hqq8, hqq4) on the model
+without duocal, its KV bytes measured from the cache after the last window.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +35,7 @@ from duocal.eval.row_kinds import (
     require_profile,
     row_window,
 )
+from duocal_runtime import hf_quantized as H
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,12 @@ class PerplexityConfig:
     recent: int | None = None
     random_seeds: int = 3
     kv_bits: tuple[int, ...] = (16,)  # widths of full heads' keys and values, one row each (16, 8, 4)
+    baselines: tuple[str, ...] = ()  # transformers' QuantizedCache rows (hf_quantized.HF_QUANTIZED)
 
     def __post_init__(self):
         object.__setattr__(self, "rows", tuple(self.rows))
+        object.__setattr__(self, "baselines", tuple(self.baselines))
+        H.check_rows(self.baselines)
         object.__setattr__(self, "sparsities", tuple(float(s) for s in self.sparsities))
         object.__setattr__(self, "kv_bits", tuple(self.kv_bits))
         check_rows(self.rows, self.sparsities)
@@ -107,9 +114,9 @@ def text_windows(tokenizer, text: str, context: int, windows: int) -> list[torch
 
 
 @torch.no_grad()
-def window_losses(model, runtime: dr.Runtime, window: torch.Tensor, scored: int, chunk: int) -> torch.Tensor:
-    """Losses (nats) of the last `scored` tokens of one window, fed through a fresh cache."""
-    cache, ids = runtime.new_cache(), window[None].to(model.device)
+def window_losses(model, cache, window: torch.Tensor, scored: int, chunk: int) -> torch.Tensor:
+    """Losses (nats) of the last `scored` tokens of one window, fed through `cache` (fresh)."""
+    ids = window[None].to(model.device)
     start = ids.shape[1] - scored
     last = model(input_ids=ids[:, :start], cache=cache, logits_to_keep=1).logits  # predicts token `start`
     losses = []
@@ -128,9 +135,39 @@ def plan_ppl(
     losses = []
     with dr.apply(model, plan) as runtime:
         for window in windows:
-            losses.append(window_losses(model, runtime, window, config.scored_tokens, config.chunk))
+            losses.append(window_losses(model, runtime.new_cache(), window, config.scored_tokens, config.chunk))
             tick()
     return math.exp(float(torch.cat(losses).mean()))
+
+
+def baseline_row(model, name: str, windows: Sequence[torch.Tensor], config: PerplexityConfig, tick) -> PerplexityRow:
+    """A `QuantizedCache` row on the model as it is; KV bytes as its cache holds them after a window."""
+    started, losses, held = time.perf_counter(), [], 0
+    for window in windows:
+        cache = H.quantized_cache(name, model.config)
+        losses.append(window_losses(model, cache, window, config.scored_tokens, config.chunk))
+        held = max(held, H.cache_bytes(cache))
+        tick()
+    full = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())
+    full_bytes = full.kv_bytes(config.context, 1, next(model.parameters()).dtype)
+    return PerplexityRow(
+        row=name,
+        sparsity=0.0,
+        context=config.context,
+        tokens_scored=len(windows) * config.scored_tokens,
+        ppl=math.exp(float(torch.cat(losses).mean())),
+        kv_bytes=held,
+        fraction_of_full=held / full_bytes,
+        seconds=round(time.perf_counter() - started, 2),
+        kv_bits=H.bits_of(name),
+    )
+
+
+def planned_row(model, row: RowPlans, windows: Sequence[torch.Tensor], config: PerplexityConfig, tick) -> PerplexityRow:
+    started = time.perf_counter()
+    ppls = [plan_ppl(model, plan, windows, config, tick) for plan in row.plans]
+    dtype = next(model.parameters()).dtype
+    return perplexity_row(row, config, ppls, len(windows), dtype, time.perf_counter() - started)
 
 
 def perplexity_row(
@@ -165,14 +202,18 @@ def evaluate_perplexity(
     """Perplexity of `text` for each row kind x sparsity, every plan on the same windows."""
     require_profile(config.rows, profile, model.config)
     model.eval()
-    shape, dtype = dr.shape_of_config(model.config), next(model.parameters()).dtype
+    shape = dr.shape_of_config(model.config)
     windows = text_windows(tokenizer, text, config.context, config.windows)
     inputs = RowInputs(shape, config.context, config.window(profile), profile, config.random_seeds)
     planned = build_rows(config.rows, config.sparsities, inputs, kv_bits=config.kv_bits)
-    total, done = sum(len(r.plans) for r in planned) * len(windows), 0
+    jobs = [(row.label, functools.partial(planned_row, model, row, windows, config)) for row in planned]
+    jobs += [
+        (f"{name} (transformers QuantizedCache)", functools.partial(baseline_row, model, name, windows, config))
+        for name in config.baselines
+    ]
+    total, done = (sum(len(r.plans) for r in planned) + len(config.baselines)) * len(windows), 0
     rows = []
-    for row in planned:
-        label = row.label
+    for label, run in jobs:
 
         def tick():
             nonlocal done
@@ -180,9 +221,7 @@ def evaluate_perplexity(
             if progress is not None:
                 progress(done, total, label)
 
-        started = time.perf_counter()
-        ppls = [plan_ppl(model, plan, windows, config, tick) for plan in row.plans]
-        rows.append(perplexity_row(row, config, ppls, len(windows), dtype, time.perf_counter() - started))
+        rows.append(run(tick))
         if hasattr(progress, "row"):  # the CLI's progress prints each row as it finishes
             r = rows[-1]
             progress.row(f"{label}: ppl {r.ppl:.3f}, KV {r.fraction_of_full:.0%} of full ({r.seconds:.0f} s)")

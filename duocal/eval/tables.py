@@ -16,6 +16,7 @@ from duocal.eval.perplexity import PerplexityRow
 from duocal.eval.row_kinds import ROWS
 from duocal.units import human_bytes
 from duocal_runtime.atomic import check_output, write_atomic
+from duocal_runtime.hf_quantized import HF_QUANTIZED
 
 PROTOCOL_MARKS = {"query-aware": "", "query-agnostic": " (q after)", "multi-turn": " (turns)"}
 
@@ -23,6 +24,8 @@ PROTOCOL_MARKS = {"query-aware": "", "query-agnostic": " (q after)", "multi-turn
 def row_name(row) -> str:
     """The row kind, marked with its KV bits below 16 and when the questions came after the context
     (query-agnostic: each on a copy of the context's cache; multi-turn: in turn on one cache)."""
+    if row.row in HF_QUANTIZED:  # its bits are in its name
+        return f"{row.row} (transformers QuantizedCache)"
     name = row.row + (f" kv{row.kv_bits}" if getattr(row, "kv_bits", 16) != 16 else "")
     return name + PROTOCOL_MARKS[getattr(row, "protocol", "query-aware")]
 

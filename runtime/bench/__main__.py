@@ -6,12 +6,13 @@
 Rows (see rows.py): `dynamic` (DynamicCache, the baseline of every ratio), `static` (StaticCache,
 decode compiled), `full`, `stream50`, `stream75`, `h2o50` (duocal plans) and their `-compiled`
 variants (duocal's static cache, decode compiled); `full-kv8`, `full-kv4`, `stream50-kv4` (full
-heads in KIVI codes) and `quanto4` (transformers' QuantizedCache, optimum-quanto; its `kv_vs_min`
-is against duocal's 4-bit size). Decode is timed on a cache filled with random
-keys and values of the right shapes (decode cost does not depend on the values); prefill is one
-real forward pass, the fastest of `--prefill-runs` (the first compiles FlexAttention for a new
-shape; it is reported as prefill_first_s), skipped above `--max-prefill` and for compiled rows
-(their prefill runs the same eager kernels). On CPU each row runs in a fresh process so its peak RSS is its own; on CUDA
+heads in KIVI codes) and `quanto4` / `hqq8` / `hqq4` (transformers' QuantizedCache with
+optimum-quanto or HQQ, hf_quantized.py; their `kv_vs_min` is against duocal's codes at the same
+bits). Decode is timed on a cache filled with random keys and values of the right shapes (decode
+cost does not depend on the values); prefill is one real forward pass, the fastest of
+`--prefill-runs` (the first compiles FlexAttention for a new shape; it is reported as
+prefill_first_s), skipped above `--max-prefill` and for compiled rows (their prefill runs the
+same eager kernels). On CPU each row runs in a fresh process so its peak RSS is its own; on CUDA
 rows share the process and the peak is reset before each phase. `bw_frac` is the fraction of the
 memory-bandwidth limit reached in decode: (weight bytes + KV bytes read per token) × tok/s / peak.
 """
@@ -27,6 +28,7 @@ import torch
 
 import duocal_runtime as dr
 
+from .. import hf_quantized as H
 from ..atomic import check_output, write_atomic
 from . import rows as R
 from . import timing as M
@@ -55,7 +57,9 @@ def run_row(model, row: str, context: int, args) -> dict:
         result.update(decode_tok_s=tok_s, warmup_s=warm_s, decode_peak_mb=M.peak_mb(device), kv_bytes=R.kv_bytes(cache))
         seen = context + args.warmup + args.steps
         full = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())
-        reference = plan or (dr.with_kv_bits(full, 4) if row == "quanto4" else full)  # quanto: our 4-bit size
+        reference = plan or (
+            dr.with_kv_bits(full, H.bits_of(row)) if row in H.HF_QUANTIZED else full
+        )  # our codes' size
         result["kv_bytes_min"] = reference.kv_bytes(seen, batch=1, dtype=next(model.parameters()).dtype)
         result["bytes_per_token"] = weight_bytes_read(model) + result["kv_bytes"]
     finally:
@@ -128,6 +132,10 @@ def parse_args(argv):
     unknown = [r for r in args.rows if r not in R.ROWS]
     if unknown:
         parser.error(f"unknown rows {unknown}; choose from {', '.join(R.ROWS)}")
+    try:
+        H.check_rows([r for r in args.rows if r in H.HF_QUANTIZED])  # a backend missing: before any work
+    except ValueError as err:
+        parser.error(str(err))
     args.contexts = [int(c) for c in args.contexts.split(",")]
     if args.peak_bandwidth is None:
         args.peak_bandwidth = PEAK_BANDWIDTH.get(torch.device(args.device).type)

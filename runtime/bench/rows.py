@@ -9,7 +9,7 @@
 | `h2o50` | duocal, H2O on every head at the KV bytes of `stream50` | duocal |
 | `full-kv8` / `full-kv4` / `stream50-kv4` | duocal, full heads in 8- / 4-bit KIVI codes | duocal, blocked over codes |
 | `h2o50-kv4` | duocal, `h2o50` with each slot in 4-bit codes of its own token | duocal, slots decoded |
-| `quanto4` | transformers `QuantizedCache` (optimum-quanto 4-bit, residual 128, groups of 32) | sdpa, all dequantized |
+| `quanto4` / `hqq8` / `hqq4` | transformers `QuantizedCache` (quanto / HQQ, residual 128, groups of 32) | sdpa |
 | `<row>-compiled` | the duocal row's static cache (`max_length`), decode compiled (16-bit and KIVI rows) | duocal |
 """
 
@@ -21,14 +21,14 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 import duocal_runtime as dr
+from duocal_runtime import hf_quantized as H
 from duocal_runtime.policies.static_buffers import mark_static
 
 SINK, RECENT = 64, 256
 DUO_ROWS = ("full", "stream50", "stream75", "h2o50")
-QUANTIZED_ROWS = ("full-kv8", "full-kv4", "stream50-kv4", "h2o50-kv4", "quanto4")
+QUANTIZED_ROWS = ("full-kv8", "full-kv4", "stream50-kv4", "h2o50-kv4", *H.HF_QUANTIZED)
 COMPILEABLE_ROWS = (*DUO_ROWS, "full-kv8", "full-kv4", "stream50-kv4", "h2o50-kv4")
 ROWS = ("dynamic", "static", *DUO_ROWS, *QUANTIZED_ROWS, *(f"{r}-compiled" for r in COMPILEABLE_ROWS))
-QUANTO = dict(backend="quanto", nbits=4, residual_length=128, q_group_size=32)
 
 
 def kv_bits_of(row: str) -> tuple[str, int]:
@@ -60,7 +60,7 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
         budget = (context + window.budget) // 2  # per head: the mean of full and streaming
         coded = {} if bits == 16 else {"kv_bits": bits, "group": math.gcd(32, shape.head_dim)}
         return dr.uniform_plan(shape, dr.H2O(heavy=budget - budget // 2, recent=budget // 2, **coded))
-    if row in ("dynamic", "static", "quanto4"):
+    if row in ("dynamic", "static", *H.HF_QUANTIZED):
         return None
     raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS)}")
 
@@ -71,8 +71,8 @@ def new_cache(row: str, model, runtime, max_length: int):
         return DynamicCache(config=model.config)
     if row == "static":
         return StaticCache(config=model.config, max_cache_len=max_length)
-    if row == "quanto4":
-        return quanto_cache(model)
+    if row in H.HF_QUANTIZED:
+        return H.quantized_cache(row, model.config)
     return runtime.new_cache(max_length=max_length if is_compiled(row) else None)
 
 
@@ -106,33 +106,5 @@ def _set_counters(layer, context: int, device) -> None:
     layer.is_initialized = True
 
 
-def quanto_cache(model):
-    try:
-        import optimum.quanto  # noqa: F401
-    except ImportError:
-        raise SystemExit(
-            "row quanto4 needs optimum-quanto: pip install -c constraints.txt -e '.[bench]' (the first use compiles "
-            "its CPU kernels, ~3 minutes)"
-        ) from None
-    from transformers import QuantizedCache
-
-    return QuantizedCache(config=model.config, **QUANTO)
-
-
-def tensor_bytes(t) -> int:
-    """Bytes of a tensor, or of the inner tensors of a subclass (quanto's codes, scales, shifts)."""
-    if hasattr(t, "__tensor_flatten__"):
-        return sum(tensor_bytes(getattr(t, name)) for name in t.__tensor_flatten__()[0])
-    return t.nbytes
-
-
 def kv_bytes(cache) -> int:
-    if isinstance(cache, dr.DuoCache):
-        return cache.kv_bytes()
-    coded = sum(
-        tensor_bytes(getattr(layer, name))
-        for layer in cache.layers
-        for name in ("_quantized_keys", "_quantized_values")
-        if getattr(layer, name, None) is not None
-    )
-    return coded + sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+    return cache.kv_bytes() if isinstance(cache, dr.DuoCache) else H.cache_bytes(cache)
