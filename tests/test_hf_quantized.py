@@ -26,7 +26,10 @@ def test_hqq_rows_code_the_history_and_their_bytes_are_codes_scales_and_zero_poi
         for i in range(tokens, tokens + extra):
             logits = model(input_ids=ids[:, i : i + 1], cache=cache).logits
         plain = model(input_ids=ids).logits[:, -1:]
-    assert type(cache.layers[0]).__name__ == "HQQQuantizedLayer" and cache.layers[0].nbits == bits
+    layer = cache.layers[0]
+    assert (
+        type(layer).__name__ == "HQQQuantizedLayer" and layer.nbits == bits and layer.axis_key == layer.axis_value == 1
+    )
     head_dim = config.hidden_size // config.num_attention_heads
     values = config.num_key_value_heads * head_dim  # per token, per layer, keys or values
     coded = tokens * values * bits // 8 + 2 * (tokens * values // H.GROUP) * 4  # codes + fp32 scale and zero
