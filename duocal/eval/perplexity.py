@@ -140,6 +140,11 @@ def plan_ppl(
     return math.exp(float(torch.cat(losses).mean()))
 
 
+def plain_bytes(shape: dr.ModelShape, context: int, dtype) -> int:
+    """KV bytes of one sequence of `context` tokens with every head full, in the model's dtype."""
+    return dr.uniform_plan(shape, dr.Full()).kv_bytes(context, 1, dtype)
+
+
 def baseline_row(model, name: str, windows: Sequence[torch.Tensor], config: PerplexityConfig, tick) -> PerplexityRow:
     """A `QuantizedCache` row on the model as it is; KV bytes as its cache holds them after a window."""
     started, losses, held = time.perf_counter(), [], 0
@@ -148,8 +153,7 @@ def baseline_row(model, name: str, windows: Sequence[torch.Tensor], config: Perp
         losses.append(window_losses(model, cache, window, config.scored_tokens, config.chunk))
         held = max(held, H.cache_bytes(cache))
         tick()
-    full = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())
-    full_bytes = full.kv_bytes(config.context, 1, next(model.parameters()).dtype)
+    full_bytes = plain_bytes(dr.shape_of_config(model.config), config.context, next(model.parameters()).dtype)
     return PerplexityRow(
         row=name,
         sparsity=0.0,
@@ -174,7 +178,7 @@ def perplexity_row(
     row: RowPlans, config: PerplexityConfig, ppls: list[float], windows: int, dtype, seconds: float
 ) -> PerplexityRow:
     plans = row.plans
-    full_bytes = dr.uniform_plan(plans[0].shape, dr.Full()).kv_bytes(config.context, 1, dtype)
+    full_bytes = plain_bytes(plans[0].shape, config.context, dtype)
     kv_bytes = round(sum(p.kv_bytes(config.context, 1, dtype) for p in plans) / len(plans))
     return PerplexityRow(
         row=row.row,

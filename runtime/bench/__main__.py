@@ -56,10 +56,7 @@ def run_row(model, row: str, context: int, args) -> dict:
         tok_s, warm_s = M.time_decode(model, cache, context, args.steps, R.is_compiled(row), args.warmup)
         result.update(decode_tok_s=tok_s, warmup_s=warm_s, decode_peak_mb=M.peak_mb(device), kv_bytes=R.kv_bytes(cache))
         seen = context + args.warmup + args.steps
-        full = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())
-        reference = plan or (
-            dr.with_kv_bits(full, H.bits_of(row)) if row in H.HF_QUANTIZED else full
-        )  # our codes' size
+        reference = plan or R.size_reference(row, dr.shape_of_config(model.config))
         result["kv_bytes_min"] = reference.kv_bytes(seen, batch=1, dtype=next(model.parameters()).dtype)
         result["bytes_per_token"] = weight_bytes_read(model) + result["kv_bytes"]
     finally:

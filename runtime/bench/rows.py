@@ -65,6 +65,13 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
     raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS)}")
 
 
+def size_reference(row: str, shape: dr.ModelShape) -> dr.Plan:
+    """What a transformers row's bytes are compared with: every head full, in our codes at the
+    QuantizedCache row's bits (16 for DynamicCache and StaticCache)."""
+    full = dr.uniform_plan(shape, dr.Full())
+    return dr.with_kv_bits(full, H.bits_of(row)) if row in H.HF_QUANTIZED else full
+
+
 def new_cache(row: str, model, runtime, max_length: int):
     """A fresh cache for the row; static rows hold `max_length` positions."""
     if row == "dynamic":
