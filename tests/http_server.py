@@ -31,7 +31,7 @@ class Reply:
     body: bytes = b""
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
-    fault: Optional[str] = None  # None | "truncate" | "reset" | "stall" | "stall_body"
+    fault: Optional[str] = None  # None | "truncate" | "reset" | "stall" | "stall_body" | "trickle"
 
 
 @dataclass
@@ -134,6 +134,16 @@ def _send(handler: BaseHTTPRequestHandler, reply: Reply, server: LocalServer) ->
         handler.send_header(key, value)
     handler.end_headers()
     if handler.command == "HEAD":
+        return
+    if reply.fault == "trickle":  # a byte every 50 ms, until the client or the test gives up
+        for byte in reply.body:
+            if server.stop.wait(0.05):
+                return
+            try:
+                handler.wfile.write(bytes([byte]))
+                handler.wfile.flush()
+            except OSError:
+                return
         return
     body = reply.body[: len(reply.body) // 2] if reply.fault in ("truncate", "stall_body") else reply.body
     handler.wfile.write(body)

@@ -8,10 +8,11 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 import duocal_runtime as dr
-from duocal_runtime import block_sparse as BS
-from duocal_runtime import dense_attention as DA
-from duocal_runtime import ranks as R
-from duocal_runtime import scored_attention, window_attention
+from duocal_runtime.attention import block_sparse as BS
+from duocal_runtime.attention import dense as DA
+from duocal_runtime.attention import ranks as R
+from duocal_runtime.attention import scored as scored_attention
+from duocal_runtime.attention import window as window_attention
 from duocal_runtime.policies import h2o as h2o_policy
 
 from reference_attention import NAME, DenseReference, runtime_kept_ranks

@@ -15,6 +15,7 @@ import pytest
 
 import duocal_runtime as dr
 from duocal.demo import DEMO_MODEL_DIR
+from duocal_runtime.planning.head_order import bounded_order
 
 PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "demo-model.json"
 
@@ -33,7 +34,7 @@ def test_shipped_profile_fits_the_demo_model_and_ranks_its_retrieval_heads_first
     training = json.loads((DEMO_MODEL_DIR / "training.json").read_text())
     kv = profile.shape.num_key_value_heads
     retrieval = {layer * kv + head for layer, head in training["retrieval_heads"]}
-    top = dr.planning.bounded_order(profile.flat_scores())[::-1][: len(retrieval)]
+    top = bounded_order(profile.flat_scores())[::-1][: len(retrieval)]
     assert set(top) == retrieval
 
 

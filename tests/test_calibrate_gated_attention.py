@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from duocal.calibrate import window_blocks
 from duocal.calibrate.gated_attention import ATTENTION_NAME, Gating, install, mix, uninstall
 from duocal.calibrate.window_blocks import blocked_window_attention, dense_window_attention
-from duocal_runtime import hf_compat
+from duocal_runtime import compat as hf_compat
 
 CASES = [  # T, sink, recent, block, query heads, KV heads
     (100, 4, 8, 8, 4, 2),

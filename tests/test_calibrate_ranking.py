@@ -7,8 +7,8 @@ import json
 import pytest
 from test_calibrate_run import QUICK, run_cli, tiny_dir  # noqa: F401  (fixture)
 
-import duocal_runtime as dr
 from duocal.calibrate.ranking import assign_scores, candidates, tie_groups
+from duocal_runtime.planning.head_order import bounded_order
 
 
 def test_tie_groups_and_candidates():
@@ -23,7 +23,7 @@ def test_assign_scores_reorders_candidates_only():
     scores = assign_scores(gates, order=[3, 0, 2])
     assert scores[1] == 0.2 and scores[4] == 0.5  # non-candidates keep their gate
     assert scores[3] > scores[0] > scores[2] >= 1.0 - 3e-4
-    plan = dr.planning.bounded_order(scores)
+    plan = bounded_order(scores)
     assert plan[-1] == 3 and plan[-2] == 0  # the runtime keeps 3 full first, then 0
 
 
@@ -49,5 +49,5 @@ def test_measured_ranking_orders_heads_by_measured_loss(tiny_dir, tmp_path):  # 
     losses = info["loss_when_kept_full"]
     assert losses[-1] == pytest.approx(0.0, abs=1e-9)  # every head full: the student is the teacher
     flat = [s for row in profile["scores"] for s in row]
-    assert dr.planning.bounded_order(flat)[::-1] == order  # the profile's ranking is the measured one
+    assert bounded_order(flat)[::-1] == order  # the profile's ranking is the measured one
     assert sorted(flat) == pytest.approx(sorted(g for row in gates for g in row), abs=1e-3)

@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pytest
 from test_upstream import write_pattern
 from typer.testing import CliRunner
 
@@ -85,3 +86,22 @@ def test_import_and_export_upstream(tmp_path):
     assert dr.import_upstream(tmp_path / "exp").scores == dr.load_profile(out).scores
     bad = runner.invoke(app, ["profiles", "import-upstream", str(tmp_path), "-o", str(tmp_path / "x.json")])
     assert bad.exit_code == 1 and "missing" in bad.stderr and not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("name", ["full_attention_heads.tsv", "config.json"])
+def test_import_upstream_refuses_to_write_over_its_own_input_before_reading_it(tmp_path, name):
+    folder = write_pattern(tmp_path / "pat", np.random.default_rng(0).uniform(0, 1, (32, 8)))
+    before = (folder / name).read_bytes()
+    result = runner.invoke(app, ["profiles", "import-upstream", str(folder), "-o", str(folder / name)])
+    assert result.exit_code == 1 and "being read" in result.stderr
+    assert (folder / name).read_bytes() == before
+
+
+def test_an_unwritable_output_is_refused_before_any_work(tmp_path, monkeypatch):
+    folder = write_pattern(tmp_path / "pat", np.random.default_rng(0).uniform(0, 1, (32, 8)))
+    (tmp_path / "a-file").write_text("")
+    calls = []
+    monkeypatch.setattr(dr, "import_upstream", lambda *a, **k: calls.append(a))
+    result = runner.invoke(app, ["profiles", "import-upstream", str(folder), "-o", str(tmp_path / "a-file" / "p.json")])
+    assert result.exit_code == 1 and "not a directory" in result.stderr
+    assert not calls  # nothing was read or converted first

@@ -1,16 +1,20 @@
 """The C kernels of coded decode attention: the same sums as the torch path, built once, refused cleanly."""
 
+import hashlib
 import os
 import subprocess
 import sys
+import tempfile
+import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
-from duocal_runtime import coded_kernels as CK
-from duocal_runtime import kv_quant as Q
-from duocal_runtime import quantized_attention as QA
+from duocal_runtime.quant import attention as QA
+from duocal_runtime.quant import codes as Q
+from duocal_runtime.quant import kernels as CK
 
 needs_kernels = pytest.mark.skipif(CK.library() is None, reason="no C compiler here (the torch path is tested)")
 
@@ -158,8 +162,8 @@ def fresh_library(monkeypatch, tmp_path):
 
 def test_the_build_lands_in_the_cache_once_and_whole(fresh_library):
     assert CK.library() is not None
-    built = list(fresh_library.iterdir())
-    assert len(built) == 1 and built[0].suffix == ".so"  # no partial file left beside it
+    built = list(fresh_library.glob("*.so"))
+    assert len(built) == 1 and sorted(p.suffix for p in fresh_library.iterdir()) == [".sha256", ".so"]  # no partial
     stamp = built[0].stat().st_mtime_ns
     CK.library.cache_clear()
     assert CK.library() is not None and built[0].stat().st_mtime_ns == stamp  # loaded, not built again
@@ -168,11 +172,11 @@ def test_the_build_lands_in_the_cache_once_and_whole(fresh_library):
 def test_a_damaged_cached_build_is_built_again(fresh_library):
     """In fresh processes: this one has the first build loaded, and a loader returns it by name."""
     load = (
-        f"from duocal_runtime import coded_kernels as CK; CK.SOURCE = CK.Path({str(CK.SOURCE)!r}); assert CK.library()"
+        f"from duocal_runtime.quant import kernels as CK; CK.SOURCE = CK.Path({str(CK.SOURCE)!r}); assert CK.library()"
     )
     env = {**os.environ, "PYTHONWARNINGS": "error"}
     subprocess.run([sys.executable, "-c", load], check=True, env=env)
-    (built,) = fresh_library.iterdir()
+    (built,) = fresh_library.glob("*.so")
     built.write_bytes(b"not a shared object")
     subprocess.run([sys.executable, "-c", load], check=True, env=env)
     assert built.read_bytes()[:4] == b"\x7fELF"
@@ -195,3 +199,71 @@ def test_a_compiler_error_is_reported(fresh_library):
     with pytest.warns(UserWarning, match="did not build: .*failed"):
         assert CK.library() is None
     assert not [p for p in fresh_library.iterdir() if p.name.endswith(".partial")]
+
+
+LOAD_IN_A_FRESH_PROCESS = (
+    "from duocal_runtime.quant import kernels as CK; CK.SOURCE = CK.Path({source!r}); assert CK.library()"
+)
+
+
+def test_a_truncated_cached_build_is_never_mapped_and_is_built_again(fresh_library):
+    """Mapping a truncated shared object kills the process with SIGBUS: its recorded sha256 keeps it out."""
+    load = LOAD_IN_A_FRESH_PROCESS.format(source=str(CK.SOURCE))
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    subprocess.run([sys.executable, "-c", load], check=True, env=env)
+    (built,) = fresh_library.glob("*.so")
+    whole = built.read_bytes()
+    built.write_bytes(whole[: len(whole) // 3])
+    done = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert built.read_bytes()[:4] == b"\x7fELF" and len(built.read_bytes()) == len(whole)
+
+
+def test_a_loadable_object_without_our_symbols_is_built_again(fresh_library):
+    assert CK.library() is not None
+    (built,) = fresh_library.glob("*.so")
+    other = built.parent / "other.c"
+    other.write_text("int something_else(void) { return 1; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(built), str(other)], check=True)
+    (built.with_suffix(".sha256")).write_text(hashlib.sha256(built.read_bytes()).hexdigest())  # whole, not ours
+    CK.library.cache_clear()
+    lib = CK.library()
+    assert lib is not None and all(hasattr(lib, symbol) for symbol in CK.SYMBOLS)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit status may wait for a parent that never reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_a_hanging_compiler_is_killed_with_its_children_and_torch_answers(fresh_library, monkeypatch, tmp_path):
+    pids = tmp_path / "pids"
+    compiler = tmp_path / "slow-cc"
+    compiler.write_text(
+        f'#!/bin/sh\ncase "$1" in --version) echo slow 1; exit 0;; esac\nsleep 60 &\necho $$ $! > {pids}\nwait\n'
+    )
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    monkeypatch.setattr(CK, "COMPILE_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    with pytest.warns(UserWarning, match="did not finish in 1 s"):
+        assert CK.library() is None
+    assert time.monotonic() - started < 10
+    for pid in map(int, pids.read_text().split()):
+        assert not running(pid), pid
+    assert not list(fresh_library.glob("*.partial"))
+
+
+def test_an_unusable_cache_builds_for_this_process_and_leaves_no_folder_behind(fresh_library, monkeypatch, tmp_path):
+    cache_file = tmp_path / "cache-is-a-file"
+    cache_file.write_text("")
+    monkeypatch.setenv("DUOCAL_CACHE_DIR", str(cache_file))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    assert CK.library() is not None
+    assert list(temp.iterdir()) == []

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from duocal_runtime.file_lock import FolderBusyError, exclusive
+from duocal_runtime.files.file_lock import FolderBusyError, exclusive
 
 
 def test_a_second_writer_of_a_folder_is_refused_while_the_first_holds_it(tmp_path):
@@ -19,7 +19,7 @@ def test_a_second_writer_of_a_folder_is_refused_while_the_first_holds_it(tmp_pat
             "-c",
             (
                 "import sys, time\n"
-                "from duocal_runtime.file_lock import exclusive\n"
+                "from duocal_runtime.files.file_lock import exclusive\n"
                 f"with exclusive({str(tmp_path)!r}, 'test'):\n"
                 "    print('held', flush=True); time.sleep(30)\n"
             ),

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import duocal_runtime as dr
 from duocal.calibrate.recipe import Recipe, load_recipe, recipe_from_dict
-from duocal_runtime.upstream import parse_upstream_tsv
+from duocal_runtime.profile.upstream import parse_upstream_tsv
 
 from conftest import UPSTREAM_PATTERNS
 from helpers import random_profile
@@ -126,3 +126,21 @@ def test_pathologically_nested_profile_files_are_refused(tmp_path, text):
     path.write_text(text)
     with pytest.raises(dr.ProfileError):
         dr.load_profile(str(path))
+
+
+def test_a_profile_that_gives_a_key_twice_is_refused_not_read_last_wins(tmp_path):
+    text = json.dumps(REAL)
+    assert text.startswith('{"format": ')
+    path = tmp_path / "twice.json"
+    path.write_text('{"format": "not a profile", ' + text[1:])  # valid JSON, the first "format" shadowed
+    assert json.loads(path.read_text())["format"] == REAL["format"]  # what a plain reader would take
+    with pytest.raises(dr.ProfileError, match="'format' appears twice"):
+        dr.load_profile(str(path))
+
+
+@pytest.mark.parametrize("text", ['{"profiles": ' + "[" * 50_000, '{"version": 1, "version": 2}'])
+def test_an_index_nested_too_deeply_or_with_a_key_twice_is_a_profile_error(tmp_path, text):
+    path = tmp_path / "index.json"
+    path.write_text(text)
+    with pytest.raises(dr.ProfileError, match="prebuilt index"):
+        dr.load_index(str(path))

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import duocal_runtime as dr
-from duocal_runtime import kv_quant as Q
-from duocal_runtime import quantized_attention as QA
 from duocal_runtime.policies.base import Step, policy_from_dict
 from duocal_runtime.policies.h2o import H2OGroup
+from duocal_runtime.quant import attention as QA
+from duocal_runtime.quant import codes as Q
 
 from runtime_models import (
     cpu_compile_config,

@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 import torch
 
-from duocal_runtime import hf_quantized as H
+from duocal_runtime.quant import hf_baselines as H
 
 from runtime_models import tiny_model
 

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import duocal_runtime as dr
-from duocal_runtime import kv_quant as Q
-from duocal_runtime import quantized_attention as QA
 from duocal_runtime.policies import full_quantized
 from duocal_runtime.policies.base import Step
 from duocal_runtime.policies.full_quantized import QuantizedFullGroup
+from duocal_runtime.quant import attention as QA
+from duocal_runtime.quant import codes as Q
 
 from helpers import random_profile
 from runtime_models import drive_decode, left_padded_batch, padded_decode_steps, tiny_model

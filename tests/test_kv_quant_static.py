@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import duocal_runtime as dr
-from duocal_runtime import kv_quant as Q
+from duocal_runtime.quant import codes as Q
 
 from runtime_models import cpu_compile_config, drive_decode, left_padded_batch, padded_decode_steps, tiny_model
 from runtime_models import greedy_with_logits as greedy

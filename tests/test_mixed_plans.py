@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import duocal_runtime as dr
-from duocal_runtime.mixed_planning import predicted_losses
-from duocal_runtime.profile_measurements import Measurement, kept_name
+from duocal_runtime.planning.mixed import predicted_losses
+from duocal_runtime.profile.measurements import Measurement, kept_name
 
 from reference_attention import NAME, DenseReference
 from runtime_models import left_padded_batch, tiny_model

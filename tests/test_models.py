@@ -15,7 +15,7 @@ from duocal.cli.app import app
 from duocal.models import KNOWN_MODELS, ModelFetchError, fetch_model, resolve_model
 from duocal.models import resolve as resolve_module
 from duocal.models.fetch import MARKER
-from duocal_runtime.file_lock import LOCK_NAME
+from duocal_runtime.files.file_lock import LOCK_NAME
 
 NAME = "smollm2-135m-instruct"
 KNOWN = KNOWN_MODELS[NAME]

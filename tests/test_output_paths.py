@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli import app
-from duocal_runtime.atomic import check_output, write_atomic
+from duocal_runtime.files.atomic import check_output, write_atomic
 
 from helpers import random_profile
 

@@ -12,7 +12,7 @@ import duocal_runtime as dr
 from duocal.cli.app import app
 from duocal.eval.passkey_retrieval import PasskeyRow
 from duocal.eval.tables import plot_rows
-from duocal_runtime.atomic import write_atomic, write_files_atomic
+from duocal_runtime.files.atomic import write_atomic, write_files_atomic
 
 from helpers import random_profile
 
@@ -34,6 +34,20 @@ def test_atomic_files_and_folders_get_the_umask_mode(tmp_path, umask_022):
     assert mode(folder) == 0o755 and mode(folder / "x.tsv") == 0o644
     saved = dr.save_profile(random_profile(), tmp_path / "profile.json")
     assert mode(saved) == 0o644
+
+
+@pytest.mark.parametrize("kept", [0o600, 0o444, 0o640])
+def test_a_replaced_file_keeps_its_mode(tmp_path, umask_022, kept):
+    for path, write in [
+        (tmp_path / "a.json", lambda p: write_atomic(p, "{}")),
+        (tmp_path / "profile.json", lambda p: dr.save_profile(random_profile(), p)),
+        (tmp_path / "pattern" / "x.tsv", lambda p: write_files_atomic(p.parent, {"x.tsv": "2\n"})),
+    ]:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("old")
+        path.chmod(kept)
+        write(path)
+        assert mode(path) == kept and path.read_text() != "old", path
 
 
 def test_export_upstream_onto_a_broken_folder_changes_nothing(tmp_path):

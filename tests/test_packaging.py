@@ -83,7 +83,7 @@ def test_recipes_resolve_from_an_installed_wheel(tmp_path):
         check=True,
     )
     assert where.stdout.strip().startswith(str(site))  # the wheel's copy, not the checkout
-    kernels = "from duocal_runtime import coded_kernels as CK; import shutil; "
+    kernels = "from duocal_runtime.quant import kernels as CK; import shutil; "
     kernels += "assert CK.library() or not shutil.which('cc'); print(CK.SOURCE)"  # built where a compiler is
     built = subprocess.run([str(python), "-c", kernels], cwd=cwd, env=env, capture_output=True, text=True, check=True)
     assert built.stdout.strip().startswith(str(site))  # the C kernels ship in the wheel and build there

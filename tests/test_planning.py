@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import duocal_runtime as dr
-from duocal_runtime.planning import bounded_order
+from duocal_runtime.planning.plan import bounded_order
 
 from helpers import random_profile
 
@@ -205,8 +205,8 @@ def test_plans_profiles_and_runtimes_print_on_one_screen():
 def test_ties_among_near_zero_scores_go_to_the_heads_that_lose_least_when_measured():
     """SmolLM2: 60 of 90 gates below 1e-3, so at 50% which zero-gate heads stay full was the index's
     choice (layers 0-1 entirely full). With a kept-share measurement the heads that keep most are bounded."""
-    from duocal_runtime.head_order import TIE, decided_by_ties
-    from duocal_runtime.profile_measurements import Measurement
+    from duocal_runtime.planning.head_order import TIE, decided_by_ties
+    from duocal_runtime.profile.measurements import Measurement
 
     scores = [[0.0, 0.0004], [0.9, 0.0], [0.0002, 0.5], [0.0, 0.7]]  # 5 heads within TIE of 0
     base = dr.Profile(dr.ModelInfo(dr.ModelShape(4, 4, 2, 16), "m"), scores)

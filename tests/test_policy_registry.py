@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import duocal_runtime as dr
-from duocal_runtime import ranks as R
+from duocal_runtime.attention import ranks as R
 from duocal_runtime.policies import POLICIES, HeadGroup
 
 from helpers import random_profile

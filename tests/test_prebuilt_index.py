@@ -23,7 +23,7 @@ from duocal_runtime.fetching.prebuilt_index import (
     resolve,
 )
 from duocal_runtime.fetching.pull import pull
-from duocal_runtime.upstream import KNOWN_MODELS, UPSTREAM_COMMIT, UPSTREAM_REPO
+from duocal_runtime.profile.upstream import KNOWN_MODELS, UPSTREAM_COMMIT, UPSTREAM_REPO
 
 from conftest import REPO
 from helpers import random_profile

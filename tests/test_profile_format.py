@@ -5,7 +5,7 @@ import pytest
 from transformers import LlamaConfig
 
 import duocal_runtime as dr
-from duocal_runtime.profile import profile_to_json
+from duocal_runtime.profile.format import profile_to_json
 
 from helpers import random_profile
 

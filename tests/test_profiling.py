@@ -15,7 +15,8 @@ from duocal.profiling import ProfilerConfig, profile_model
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import selected_by_passes, snapkv_kept
 from duocal.profiling.profiler import recorded_rows, sequences, window_mass
-from duocal_runtime.profile_measurements import Measurement
+from duocal_runtime.planning.head_order import bounded_order
+from duocal_runtime.profile.measurements import Measurement
 
 from helpers import random_profile
 from runtime_models import tiny_model
@@ -80,7 +81,7 @@ def test_profiler_finds_the_demo_models_retrieval_heads_deterministically():
     config = ProfilerConfig(format="demo", num_passkeys=(1, 6), contexts=(512,), samples=4, sink=16, recent=64)
     first, second = (profile_model(model, tokenizer, config) for _ in range(2))
     assert first.scores == second.scores
-    top = dr.planning.bounded_order(first.flat_scores())[::-1][:3]
+    top = bounded_order(first.flat_scores())[::-1][:3]
     assert {(h // 4, h % 4) for h in top} == {(1, 3), (1, 1), (1, 0)}
     assert first.source["kind"] == "profiler" and set(first.measurements) == {
         "retrieval",
@@ -234,7 +235,7 @@ def test_v1_files_load_with_their_flat_sizes_and_save_as_v3(tmp_path):
 
 
 def test_rank_correlation_and_compare_cli(tmp_path):
-    from duocal.profile_compare import spearman
+    from duocal.reports.profile_compare import spearman
 
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0 and spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
     assert spearman([1, 1, 2, 3], [1, 2, 2, 3]) == pytest.approx(0.8333, abs=1e-4)  # ties share mean ranks

@@ -26,7 +26,7 @@ from duocal.cli import app
 from duocal_runtime.fetching.download import ChecksumError, DownloadError, DownloadSettings
 from duocal_runtime.fetching.prebuilt_index import load_index
 from duocal_runtime.fetching.pull import pull
-from duocal_runtime.upstream import KNOWN_MODELS
+from duocal_runtime.profile.upstream import KNOWN_MODELS
 
 from helpers import random_profile
 from http_server import LocalServer, Reply
@@ -350,3 +350,19 @@ def test_all_six_upstream_patterns_pull_through_the_index_via_mirror(upstream_pa
         assert profile.shape == index.get(f"duo-attention/{model}").shape
         assert profile.scores == dr.import_upstream(upstream_patterns / model).scores
         assert profile.source["commit"] == index.get(f"duo-attention/{model}").revision
+
+
+def test_a_server_that_trickles_bytes_meets_the_deadline(site, monkeypatch):
+    """A byte every 50 ms never trips the 0.3 s read timeout; the deadline of an attempt still holds."""
+    monkeypatch.setenv("DUOCAL_HTTP_DEADLINE", "0.5")
+    site.server.route(site.tiny_path, Reply(b"x" * 100_000, fault="trickle"))
+    start = time.monotonic()
+    with pytest.raises(DownloadError, match=r"took longer than 0.5 s \(DUOCAL_HTTP_DEADLINE\)"):
+        pull("test/tiny")
+    assert time.monotonic() - start < (1 + RETRIES) * (0.5 + 0.3) + 1.0
+
+
+@pytest.mark.parametrize("url", ["http://a..b/p.json", "https://" + "a" * 70 + ".org/p.json", "http:///p.json"])
+def test_a_url_whose_host_cannot_be_a_host_name_is_a_clear_error(quiet_env, url):
+    with pytest.raises(DownloadError, match="not a valid host name|has no host"):
+        pull(url)

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli import app
-from duocal.hub_card import render_card
-from duocal.plots import scores_heatmap
+from duocal.reports.hub_card import render_card
+from duocal.reports.plots import scores_heatmap
 from duocal_runtime.fetching.hub import HubRef
 from duocal_runtime.fetching.pull import pull
 

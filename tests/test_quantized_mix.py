@@ -10,10 +10,10 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.cli.app import app
 from duocal.profiling.quantization_error import output_error
-from duocal_runtime import kv_quant as Q
-from duocal_runtime import quantized_attention as QA
-from duocal_runtime.dense_attention import decode_sdpa
-from duocal_runtime.profile_measurements import Measurement, error_name, kept_name
+from duocal_runtime.attention.dense import decode_sdpa
+from duocal_runtime.profile.measurements import Measurement, error_name, kept_name
+from duocal_runtime.quant import attention as QA
+from duocal_runtime.quant import codes as Q
 
 from runtime_models import left_padded_batch, tiny_model
 

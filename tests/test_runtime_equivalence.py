@@ -189,3 +189,31 @@ def test_a_cache_used_by_attention_that_is_not_its_runtimes_is_refused():
         ):
             with pytest.raises(RuntimeError, match="not its duocal runtime's"):
                 call()
+
+
+def test_nested_apply_blocks_bring_the_outer_plan_back():
+    model = tiny_model("llama")
+    ids, mask = left_padded_batch([18])
+    plain, _ = greedy(model, ids, mask)
+    shape = dr.shape_of_config(model.config)
+    with dr.apply(model, dr.uniform_plan(shape, dr.SinkWindow(2, 4))) as outer:
+        streaming, _ = greedy(model, ids, mask)  # the drop-in cache of the outer plan
+        with dr.apply(model, all_full(model)) as inner:
+            assert inner.active and not outer.active
+            full, _ = greedy(model, ids, mask)
+        assert outer.active and not inner.active  # the inner block ended: the outer plan serves again
+        again, _ = greedy(model, ids, mask, outer.new_cache())
+        assert torch.equal(again, streaming) and torch.equal(greedy(model, ids, mask)[0], streaming)
+    assert not outer.active and torch.equal(full, plain) and not torch.equal(streaming, plain)
+    assert torch.equal(greedy(model, ids, mask)[0], plain)
+
+
+def test_a_suspended_runtime_removed_inside_the_inner_block_stays_removed():
+    model = tiny_model("llama")
+    shape = dr.shape_of_config(model.config)
+    impl = model.config._attn_implementation
+    with dr.apply(model, dr.uniform_plan(shape, dr.SinkWindow(2, 4))) as outer:
+        with dr.apply(model, all_full(model)):
+            outer.remove()
+        assert not outer.active
+    assert model.config._attn_implementation == impl

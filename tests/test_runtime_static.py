@@ -139,7 +139,7 @@ def test_static_cache_of_a_removed_runtime_is_refused():
 
 
 def test_compiling_the_static_decode_on_an_unsupported_device_says_so(monkeypatch):
-    from duocal_runtime import cache as cache_module
+    from duocal_runtime.hf import cache as cache_module
 
     monkeypatch.setattr(cache_module, "COMPILE_DEVICES", ("cuda",))  # as if this CPU were such a device
     model = tiny_model("llama")

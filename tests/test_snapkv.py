@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from transformers import ContinuousBatchingConfig, GenerationConfig
 
 import duocal_runtime as dr
+from duocal_runtime.attention.ranks import ranks_of_new_tokens
 from duocal_runtime.policies.base import Step
-from duocal_runtime.ranks import ranks_of_new_tokens
 
 from runtime_models import left_padded_batch, tiny_model
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import duocal_runtime as dr
-from duocal_runtime.upstream import KNOWN_MODELS
+from duocal_runtime.profile.upstream import KNOWN_MODELS
 
 
 def write_pattern(folder, gates, model_name="models/Mistral-7B-Instruct-v0.2"):

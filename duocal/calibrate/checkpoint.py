@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from duocal_runtime.atomic import write_atomic
+from duocal_runtime.files.atomic import write_atomic
 
 LATEST = "latest.json"
 

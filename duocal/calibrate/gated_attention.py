@@ -13,7 +13,7 @@ teacher pass stores each layer's output in `Gating.teacher`, the student pass re
 the streaming term and the gates carry gradients.
 
 One function serves every supported family (Llama, Mistral, Qwen2, Qwen3): it is registered by
-name with `duocal_runtime.hf_compat.register`, the same mechanism the runtime uses, and gets
+name with `duocal_runtime.compat.register`, the same mechanism the runtime uses, and gets
 its per-pass state through the model's forward kwargs (`GATING_KWARG`), which transformers hands
 to every attention call. Nothing is patched and nothing is global.
 """
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from duocal.calibrate.window_blocks import DEFAULT_BLOCK, blocked_window_attention
-from duocal_runtime import hf_compat
+from duocal_runtime import compat as hf_compat
 
 ATTENTION_NAME = "duocal_calibrate_gated"
 GATING_KWARG = "duocal_gating"

@@ -21,7 +21,7 @@ from duocal.calibrate.objective import GateObjective
 from duocal.calibrate.recipe import Recipe
 from duocal.data.padding import pad_token_id
 from duocal.models import ModelRef
-from duocal_runtime.hf_compat import check_model_supported
+from duocal_runtime.compat import check_model_supported
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

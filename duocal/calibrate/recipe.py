@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from duocal.overrides import apply_overrides
-from duocal_runtime.atomic import write_atomic
-from duocal_runtime.regular_files import check_regular
+from duocal.calibrate.overrides import apply_overrides
+from duocal_runtime.files.atomic import write_atomic
+from duocal_runtime.files.regular_files import check_regular
 
 RECIPES_DIR = Path(str(resources.files("duocal.recipes")))  # recipes/ in a checkout; package data when installed
 DEFAULT_RECIPE = "calibrate_demo"

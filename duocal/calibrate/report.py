@@ -11,7 +11,7 @@ import torch
 import duocal_runtime as dr
 from duocal.calibrate.model import model_name
 from duocal.calibrate.recipe import RECIPES_DIR, Recipe
-from duocal.plots import scores_heatmap
+from duocal.reports.plots import scores_heatmap
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from duocal.calibrate.gates import clamp_trainable_
 from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
 from duocal.calibrate.recipe import Recipe, load_resolved
 from duocal.calibrate.ulysses import SequenceParallel
-from duocal_runtime.atomic import write_atomic
+from duocal_runtime.files.atomic import write_atomic
 
 
 def lr_factor(step: int, total: int, warmup: float = 0.2, decay: float = 0.2, floor: float = 0.1) -> float:

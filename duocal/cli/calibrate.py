@@ -44,8 +44,8 @@ def calibrate_command(
 ):
     """Calibrate DuoAttention gates on synthetic passkey data and write a profile (DIR/profile.json)."""
     from duocal.calibrate.launch import checked_recipe, launch, prepare
-    from duocal_runtime.atomic import check_output_folder
-    from duocal_runtime.file_lock import exclusive
+    from duocal_runtime.files.atomic import check_output_folder
+    from duocal_runtime.files.file_lock import exclusive
 
     args = list(args or [])
     recipe = args.pop(0) if args and "=" not in args[0] else None

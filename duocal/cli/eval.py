@@ -205,7 +205,7 @@ def ppl(
     """
     from duocal.eval.perplexity import PerplexityConfig, check_window_fits, evaluate_perplexity
     from duocal.eval.tables import render_ppl_table
-    from duocal_runtime.regular_files import read_text
+    from duocal_runtime.files.regular_files import read_text
 
     with user_errors(), json_only_stdout(as_json):
         ref, loaded = model_and_profile(model, profile)

@@ -113,7 +113,7 @@ def ruler_config(model, profile, options: dict):
     ref, loaded = model_and_profile(model, profile)
     config = RulerConfig(**options)
     if config.haystack is not None:
-        from duocal_runtime.regular_files import read_text
+        from duocal_runtime.files.regular_files import read_text
 
         read_text(config.haystack, "--haystack")  # a clear error now, not inside lm-eval
     model_config = ref.load_config()

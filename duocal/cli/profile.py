@@ -83,8 +83,8 @@ def profile_command(
     from duocal.models import ModelRef
     from duocal.profiling import ProfilerConfig, profile_model, with_measurements
     from duocal.profiling.profiler import check_contexts_fit
-    from duocal_runtime.atomic import check_output
-    from duocal_runtime.regular_files import read_text
+    from duocal_runtime.files.atomic import check_output
+    from duocal_runtime.files.regular_files import read_text
 
     with user_errors():
         check_output(output)  # before the measurement, not after it

@@ -9,9 +9,11 @@ from typing import Annotated, Optional
 import typer
 
 import duocal_runtime as dr
+from duocal_runtime.files.atomic import check_output, check_output_folder
+from duocal_runtime.profile.upstream_layout import CONFIG_NAME, TSV_NAME
 
-from ..profile_compare import compare_profiles
-from ..profile_summary import profile_summary, render_summary
+from ..reports.profile_compare import compare_profiles
+from ..reports.profile_summary import profile_summary, render_summary
 from .options import json_only_stdout
 from .user_errors import user_errors
 
@@ -77,10 +79,20 @@ def validate_command(profile: ProfileArg, model_config: ModelConfigOpt = None):
     with user_errors():
         loaded = dr.load_profile(profile)
         if model_config is not None:
-            from duocal_runtime.hf_compat import load_local_config
+            from duocal_runtime.profile.shape import load_local_config
 
             loaded.check_compatible(load_local_config(model_config))
     typer.echo(f"ok: {loaded.shape.describe()}, model {loaded.model.name_or_path or 'unnamed'}")
+
+
+def refuse_writing_an_input(output: Path, pattern_dir: Path, model_config: Path | None) -> None:
+    """The output is checked before any work: a writable regular file that is none of the files read."""
+    target = check_output(output).resolve()
+    inputs = [pattern_dir / name for name in (TSV_NAME, CONFIG_NAME)] + [pattern_dir]
+    if model_config is not None:
+        inputs += [model_config, model_config / CONFIG_NAME]
+    if any(target == path.resolve() for path in inputs):
+        raise ValueError(f"--output {output} is one of the files being read; write the profile somewhere else")
 
 
 @profiles_app.command("import-upstream")
@@ -92,6 +104,7 @@ def import_upstream(
 ):
     """Convert an upstream DuoAttention pattern directory into a duocal profile."""
     with user_errors():
+        refuse_writing_an_input(output, pattern_dir, model_config)
         profile = dr.import_upstream(pattern_dir, model_config=model_config, commit=commit)
         dr.save_profile(profile, output)
     typer.echo(f"wrote {output} ({profile.shape.describe()})")
@@ -104,6 +117,9 @@ def export_upstream(
 ):
     """Write PROFILE in upstream DuoAttention's layout (full_attention_heads.tsv + config.json)."""
     with user_errors():
+        check_output_folder(output)
+        if Path(profile).is_dir() and Path(profile).resolve() == output.resolve():
+            raise ValueError(f"--output {output} is the pattern folder being read; give another folder")
         dr.export_upstream(dr.load_profile(profile), output)
     typer.echo(f"wrote {output}")
 

@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from duocal_runtime.fetching.prebuilt_index import IndexEntry, load_index
-from duocal_runtime.fetching.profile_cache import ProfileCache, default_cache_dir
+from duocal_runtime.fetching.profile_cache import ProfileCache
+from duocal_runtime.files.cache_root import default_cache_dir
 
 from .options import json_only_stdout
 from .profiles import profiles_app
@@ -123,7 +124,7 @@ def push(
     Example: duocal profiles push my-profile.json hf://me/llama3-duocal
     """
     with user_errors():
-        from ..hub_card import push_profile
+        from ..reports.hub_card import push_profile
 
         result = push_profile(profile, target, token=token, private=private, message=message)
     typer.echo(f"pushed {', '.join(result.files)} to {result.repo_url}")

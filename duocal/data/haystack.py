@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from duocal.data.filler import SyntheticFiller
-from duocal_runtime.regular_files import check_regular
+from duocal_runtime.files.regular_files import check_regular
 
 _CHUNK_CHARS = 1 << 16  # plain text is tokenized in pieces of about this many characters
 # The passkey task's filler (Mohtashami & Jaggi 2023, arXiv 2305.16300): pretrained LLMs read past it.

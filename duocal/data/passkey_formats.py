@@ -74,6 +74,7 @@ ORDINALS = (
 DIGITS = tuple("0123456789")
 # Demo symbols: one character (= one token of the demo tokenizer) each, disjoint from the
 # lowercase letters of the synthetic filler, so a copied symbol occurs once in the context.
+DEMO_PASSKEY_FORMAT = "demo"  # the format the bundled demo model was trained on
 DEMO_VALUES = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 # Separate key symbols, used only early in the demo model's curriculum (see recipes/demo_model.yaml).
 DEMO_KEYS = tuple("αβγδεζηθικλμνξοπρστυφχψω")

@@ -9,10 +9,8 @@ trained and what it measured (exact match per context, which KV heads retrieve).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "demo-model"
-DEMO_PASSKEY_FORMAT = "demo"
+from duocal.data.passkey_formats import DEMO_PASSKEY_FORMAT
+from duocal.models.known import DEMO_MODEL_DIR
 
 
 def demo_passkeys(tokenizer, context_length: int | tuple[int, int] = 512, seed: int = 0, **overrides):

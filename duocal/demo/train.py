@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from duocal.calibrate.overrides import apply_overrides
 from duocal.data import PasskeyGenerator, PasskeySample, SyntheticFiller, TokenKind, collate, get_format
 from duocal.data.passkey_formats import DEMO_KEYS
 from duocal.demo.tokenizer import build_tokenizer
 from duocal.eval.retrieval_heads import needle_attention, top_heads
-from duocal.overrides import apply_overrides
-from duocal_runtime import hf_compat
+from duocal_runtime import compat as hf_compat
 
 
 def load_training_recipe(path: str | Path, overrides: list[str] = ()) -> dict:

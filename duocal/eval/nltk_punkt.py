@@ -17,8 +17,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from duocal_runtime.fetching.profile_cache import default_cache_dir
-from duocal_runtime.file_lock import exclusive
+from duocal_runtime.files.cache_root import default_cache_dir
+from duocal_runtime.files.file_lock import exclusive
 
 PUNKT_FILES = ("abbrev_types.txt", "collocations.tab", "ortho_context.tab", "sent_starters.txt")
 INSIDE_WHEEL = "llama_index/core/_static/nltk_cache/tokenizers/punkt_tab/english/"

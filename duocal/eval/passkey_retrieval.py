@@ -18,7 +18,7 @@ from typing import Any
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator, PasskeySample
 from duocal.data.padding import pad_token_id
-from duocal.demo import DEMO_PASSKEY_FORMAT
+from duocal.data.passkey_formats import DEMO_PASSKEY_FORMAT
 from duocal.eval.row_kinds import (
     MIX_POLICIES,
     Progress,
@@ -34,7 +34,7 @@ from duocal.eval.row_kinds import (
     require_profile,
     row_window,
 )
-from duocal_runtime.hf_compat import check_model_supported
+from duocal_runtime.compat import check_model_supported
 
 from .protocols import ASK_AFTER, Work, greedy_answers, make_batches, protocols_of
 

@@ -6,7 +6,7 @@ scored` tokens are one prefill, then the scored tokens go through the cache in c
 chunk; `chunk=1` is token-by-token decoding). The loss of every scored token (predicted from the
 tokens before it) is averaged over windows; ppl = exp(mean loss). Rows are the evaluation rows of
 row_kinds.py (full, duo, streaming, h2o, random, mix), on the same windows, and `baselines`:
-transformers' `QuantizedCache` (duocal_runtime.hf_quantized: quanto4, hqq8, hqq4) on the model
+transformers' `QuantizedCache` (duocal_runtime.quant.hf_baselines: quanto4, hqq8, hqq4) on the model
 without duocal, its KV bytes measured from the cache after the last window.
 """
 
@@ -35,7 +35,7 @@ from duocal.eval.row_kinds import (
     require_profile,
     row_window,
 )
-from duocal_runtime import hf_quantized as H
+from duocal_runtime.quant import hf_baselines as H
 
 
 @dataclass(frozen=True)

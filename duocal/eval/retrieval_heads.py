@@ -16,7 +16,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal.data import PasskeySample
-from duocal_runtime import hf_compat
+from duocal_runtime import compat as hf_compat
 
 
 @torch.no_grad()

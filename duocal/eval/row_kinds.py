@@ -10,11 +10,11 @@
 | `mix`       | a policy per head among `mix_policies` chosen by measurement at `duo`'s bytes  | each     |
 | `snapkv`    | every head on SnapKV (arXiv 2404.14469, query-aware), with the KV bytes of `duo` | each     |
 
-`mix` chooses among full, sink_window and h2o by default (duocal_runtime/mixed_planning.py).
+`mix` chooses among full, sink_window and h2o by default (duocal_runtime/planning/mixed.py).
 
 A new row is one `register_row(RowKind(...))`: what it needs, how its plans are made, how it is
 drawn. `h2o` and `random` need no profile: any plan with the same number of bounded heads has the
-same KV bytes. Head counts follow the runtime's rule (`dr.planning.bounded_head_count`).
+same KV bytes. Head counts follow the runtime's rule (`duocal_runtime.planning.plan.bounded_head_count`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import duocal_runtime as dr
-from duocal_runtime.planning import bounded_head_count
+from duocal_runtime.planning.plan import bounded_head_count
 from duocal_runtime.policies import POLICIES
 
 MIX_POLICIES = ("full", "sink_window", "h2o")
-KV_BITS = (16, 8, 4)  # widths full heads store (duocal_runtime.kv_quant.BITS)
+KV_BITS = (16, 8, 4)  # widths full heads store (duocal_runtime.quant.codes.BITS)
 DEFAULT_WINDOW = dr.SinkWindow()
 Progress = Callable[[int, int, str], None]  # (units done, units in all, what is running)
 
@@ -110,15 +110,13 @@ def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
     """H2O on every head, each keeping `tokens // heads` (half heavy hitters, half recent, as in
     the H2O paper), so the plan holds at most `tokens` (token, head) pairs at `context`."""
     budget = max(2, min(context, tokens // shape.num_kv_heads_total))
-    recent = budget // 2
-    return dr.uniform_plan(shape, dr.H2O(heavy=budget - recent, recent=recent))
+    return dr.uniform_plan(shape, dr.H2O.halves(budget))
 
 
 def snapkv_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
     """SnapKV on every head, each keeping `tokens // heads` (a window of 32, or a quarter of a small budget)."""
     budget = max(2, min(context, tokens // shape.num_kv_heads_total))
-    window = max(1, min(32, budget // 4))
-    return dr.uniform_plan(shape, dr.SnapKV(selected=budget - window, window=window))
+    return dr.uniform_plan(shape, dr.SnapKV.keeping(budget))
 
 
 def mix_plan(profile: dr.Profile, tokens: int, context: int, policies: Sequence[str] = MIX_POLICIES) -> dr.Plan:

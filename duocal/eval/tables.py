@@ -14,9 +14,9 @@ from rich.table import Table
 from duocal.eval.passkey_retrieval import PasskeyRow
 from duocal.eval.perplexity import PerplexityRow
 from duocal.eval.row_kinds import ROWS
-from duocal.units import human_bytes
-from duocal_runtime.atomic import check_output, write_atomic
-from duocal_runtime.hf_quantized import HF_QUANTIZED
+from duocal.reports.units import human_bytes
+from duocal_runtime.files.atomic import check_output, write_atomic
+from duocal_runtime.quant.hf_baselines import HF_QUANTIZED
 
 PROTOCOL_MARKS = {"query-aware": "", "query-agnostic": " (q after)", "multi-turn": " (turns)"}
 

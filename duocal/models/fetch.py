@@ -20,9 +20,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from duocal_runtime.atomic import umask_mode
-from duocal_runtime.fetching.profile_cache import default_cache_dir
-from duocal_runtime.file_lock import exclusive
+from duocal_runtime.files.atomic import umask_mode
+from duocal_runtime.files.cache_root import default_cache_dir
+from duocal_runtime.files.file_lock import exclusive
 
 from .gguf import convert_gguf
 from .known import KNOWN_MODELS, KnownModel

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "demo-model"  # the bundled demo model
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,9 @@ class ModelRef:
     @classmethod
     def resolve(cls, arg: str | Path | None, offline: bool = False, cache_dir: Path | None = None) -> ModelRef:
         """`arg` (None: the bundled demo model) as a `ModelRef`; fetches a known model once."""
-        from duocal.demo import DEMO_MODEL_DIR, DEMO_PASSKEY_FORMAT
+        from duocal.data.passkey_formats import DEMO_PASSKEY_FORMAT
+
+        from .known import DEMO_MODEL_DIR
 
         text = str(DEMO_MODEL_DIR) if arg is None else str(arg)
         path = resolve_model(text, offline=offline, cache_dir=cache_dir)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import duocal_runtime as dr
 from duocal.profiling.quantization_error import output_error
-from duocal_runtime import hf_compat
+from duocal_runtime import compat as hf_compat
 
 NAME = "duocal_profiler"
 BLOCK_ELEMENTS = 1 << 22  # query rows x keys per block of probabilities (16 MiB in fp32)

@@ -15,7 +15,6 @@ settings): `query-aware` selects at the end of the prompt (the question in it),
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,7 +28,8 @@ from duocal.eval.protocols import question_start
 from duocal.eval.row_kinds import refuse_beyond_positions
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_keys, kept_share, retrieval_score, selected_by_passes, snapkv_kept
-from duocal_runtime.profile_measurements import Measurement, error_name, kept_name
+from duocal_runtime.profile.measurements import Measurement, error_name, kept_name
+from duocal_runtime.quant.codes import default_group
 
 PROFILER_SEED = 4242  # not among calibration's or evaluation's default seeds
 
@@ -69,17 +69,17 @@ class ProfilerConfig:
         and SnapKV with its window of 32 (a quarter of a smaller budget): the sizes `dr.plan` gives
         these policies from the profile's deploy defaults)."""
         budget = self.sink + self.recent
-        heavy, window = max(1, budget // 2), max(1, min(32, budget // 4))
+        h2o = dr.H2O.halves(budget)
         return [
             dr.SinkWindow(self.sink, self.recent),
-            dr.H2O(heavy, budget - heavy),
-            dr.SinkH2O(self.sink, heavy, budget - heavy),
-            dr.SnapKV(selected=budget - window, window=window),
+            h2o,
+            dr.SinkH2O(self.sink, h2o.heavy, h2o.recent),
+            dr.SnapKV.keeping(budget),
         ]
 
     def quantized(self, head_dim: int) -> list[dr.Full]:
         """The quantized full heads whose output error is measured (groups as `dr.plan` makes them)."""
-        return [dr.Full.storing(bits, math.gcd(32, head_dim)) for bits in self.kv_bits]
+        return [dr.Full.storing(bits, default_group(head_dim)) for bits in self.kv_bits]
 
 
 @dataclass(frozen=True)

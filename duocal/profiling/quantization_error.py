@@ -1,7 +1,7 @@
 """How much KIVI codes change a head's attention output: the profiler's `error:full-kv<bits>`.
 
 For a scored query at position r, a decode step over a `full(kv_bits=b)` head reads the first
-`quantized_tokens(r + 1)` keys and values as codes (runtime/kv_quant.py) and the rest in full
+`quantized_tokens(r + 1)` keys and values as codes (runtime/quant/codes.py) and the rest in full
 precision. The error is ||o' − o|| / ||o||, the mean over the KV head's query heads and the scored
 rows, clipped to 1: o the exact attention output, o' the output over the coded cache. An eviction
 policy that keeps a share k of a row's mass moves the output by (1 − k) ||o_kept − o_dropped||, so
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 import duocal_runtime as dr
-from duocal_runtime import kv_quant as Q
+from duocal_runtime.quant import codes as Q
 
 
 def coded_prefix(x: torch.Tensor, coded: int, policy: dr.Full, keys: bool) -> torch.Tensor:

@@ -26,7 +26,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_size: int) -> int | None:
     """The pool as transformers' `num_blocks` counts it (blocks of `page_size` tokens of the plain model)."""
-    from duocal_runtime.budget import Budget
+    from duocal_runtime.planning.budget import Budget
 
     if kv_memory is not None and num_blocks is not None:
         raise ValueError("give --kv-memory or --num-blocks, not both")

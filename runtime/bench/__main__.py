@@ -7,7 +7,7 @@ Rows (see rows.py): `dynamic` (DynamicCache, the baseline of every ratio), `stat
 decode compiled), `full`, `stream50`, `stream75`, `h2o50` (duocal plans) and their `-compiled`
 variants (duocal's static cache, decode compiled); `full-kv8`, `full-kv4`, `stream50-kv4` (full
 heads in KIVI codes) and `quanto4` / `hqq8` / `hqq4` (transformers' QuantizedCache with
-optimum-quanto or HQQ, hf_quantized.py; their `kv_vs_min` is against duocal's codes at the same
+optimum-quanto or HQQ, quant/hf_baselines.py; their `kv_vs_min` is against duocal's codes at the same
 bits). Decode is timed on a cache filled with random keys and values of the right shapes (decode
 cost does not depend on the values); prefill is one real forward pass, the fastest of
 `--prefill-runs` (the first compiles FlexAttention for a new shape; it is reported as
@@ -28,8 +28,8 @@ import torch
 
 import duocal_runtime as dr
 
-from .. import hf_quantized as H
-from ..atomic import check_output, write_atomic
+from ..files.atomic import check_output, write_atomic
+from ..quant import hf_baselines as H
 from . import rows as R
 from . import timing as M
 from .shapes import SHAPES, bench_model, weight_bytes_read

@@ -88,7 +88,7 @@ def main(argv=None) -> None:
     unknown = sorted(set(rows) - set(FIRST_CALL_ROWS))
     if unknown:
         ap.error(f"unknown rows {unknown}; choose from {','.join(FIRST_CALL_ROWS)}")
-    from ..atomic import check_output, write_atomic  # the parent times child processes: it may import
+    from ..files.atomic import check_output, write_atomic  # the parent times child processes: it may import
 
     if args.out:
         check_output(args.out)  # before any work

@@ -16,7 +16,7 @@ from transformers import LlamaConfig
 
 import duocal_runtime as dr
 
-from ..budget import Budget
+from ..planning.budget import Budget
 from .pool_capacity import synthetic_profile
 from .shapes import SHAPES
 

@@ -20,9 +20,9 @@ from transformers import ContinuousBatchingConfig, LlamaConfig
 
 import duocal_runtime as dr
 
-from ..budget import Budget
 from ..paged.coded_pages import page_size_for
 from ..paged.paged_cache import DuoPagedCache, pool_summary
+from ..planning.budget import Budget
 from .serving import PAGE
 from .shapes import SHAPES
 

@@ -15,14 +15,13 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from transformers import DynamicCache, StaticCache
 
 import duocal_runtime as dr
-from duocal_runtime import hf_quantized as H
 from duocal_runtime.policies.static_buffers import mark_static
+from duocal_runtime.quant import hf_baselines as H
+from duocal_runtime.quant.codes import default_group
 
 SINK, RECENT = 64, 256
 DUO_ROWS = ("full", "stream50", "stream75", "h2o50")
@@ -58,8 +57,8 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
         return dr.plan_from_bounded_set(shape, set(range(count)), window)
     if row == "h2o50":
         budget = (context + window.budget) // 2  # per head: the mean of full and streaming
-        coded = {} if bits == 16 else {"kv_bits": bits, "group": math.gcd(32, shape.head_dim)}
-        return dr.uniform_plan(shape, dr.H2O(heavy=budget - budget // 2, recent=budget // 2, **coded))
+        coded = {} if bits == 16 else {"kv_bits": bits, "group": default_group(shape.head_dim)}
+        return dr.uniform_plan(shape, dr.H2O.halves(budget, **coded))
     if row in ("dynamic", "static", *H.HF_QUANTIZED):
         return None
     raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS)}")

@@ -29,11 +29,11 @@ from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, Generat
 
 import duocal_runtime as dr
 
-from ..atomic import check_output, write_atomic
-from ..block_sparse import padded_length
-from ..budget import Budget
+from ..attention.block_sparse import padded_length
+from ..files.atomic import check_output, write_atomic
+from ..hf.apply import apply
 from ..paged.coded_pages import page_size_for
-from ..runtime_handle import apply
+from ..planning.budget import Budget
 
 SERVING_ROWS = ("plain", "full", "duo50", "duo75", "h2o50")
 PAGE = 16
@@ -151,7 +151,7 @@ def serving_plan(row: str, profile: dr.Profile, shape: dr.ModelShape, context: i
     duo50 = dr.plan(profile, sparsity=0.5)
     if base == "h2o50":
         per_head = max(2, duo50.kv_tokens(context) // shape.num_kv_heads_total)
-        return dr.uniform_plan(shape, dr.H2O(heavy=per_head - per_head // 2, recent=per_head // 2))
+        return dr.uniform_plan(shape, dr.H2O.halves(per_head))
     if base == "full":
         plan = dr.uniform_plan(shape, dr.Full())
     else:

@@ -141,6 +141,11 @@ def fetch(
         raise DownloadError(f"cannot download {url!r}: only {', '.join(SCHEMES)} URLs are supported")
     if parts.scheme != "file" and not parts.hostname:
         raise DownloadError(f"cannot download {url!r}: the URL has no host; give http(s)://HOST/PATH")
+    if parts.scheme != "file":
+        try:
+            parts.hostname.encode("idna")
+        except UnicodeError:
+            raise DownloadError(f"cannot download {url!r}: {parts.hostname!r} is not a valid host name") from None
     reasons: list[str] = []
     for attempt in range(settings.retries + 1):
         if attempt:
@@ -187,8 +192,11 @@ def _fetch_once(url: str, limit: int, settings: DownloadSettings) -> bytes:
 
 
 def _read_body(response, url: str, limit: int, deadline: float, seconds: float) -> bytes:
+    """The body, read as it arrives (`read1`: one receive at a time, so a server that trickles bytes meets
+    the deadline after at most one more `timeout`, not after a whole chunk's worth of bytes)."""
+    read = getattr(response, "read1", response.read)
     chunks, total = [], 0
-    while chunk := response.read(_CHUNK):
+    while chunk := read(_CHUNK):
         total += len(chunk)
         if total > limit:
             raise DownloadError(f"{url} sent more than {limit} bytes: it is not a profile. Nothing was cached.")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..upstream_layout import CONFIG_NAME, TSV_NAME
+from ..profile.upstream_layout import CONFIG_NAME, TSV_NAME
 
 DUOCAL, UPSTREAM = "duocal", "upstream-duo-attention"
 FORMAT_FILES = {

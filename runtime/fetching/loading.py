@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..arguments import require_reference
+from ..checks import require_reference
 from ..errors import ProfileError
-from ..profile import Profile, read_profile_file
-from ..upstream import TSV_NAME, import_upstream
+from ..profile.format import Profile, read_profile_file
+from ..profile.upstream import TSV_NAME, import_upstream
 from .pull import pull
 
 

@@ -26,7 +26,6 @@ an existing file or folder -> path (unchanged behaviour); otherwise a name in th
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -36,7 +35,8 @@ from typing import Any, Union
 from urllib.parse import urlsplit
 
 from ..errors import ProfileError
-from ..model_shape import SHAPE_FIELDS, ModelShape
+from ..files.strict_json import loads_strict
+from ..profile.shape import SHAPE_FIELDS, ModelShape
 from .formats import DUOCAL, FORMAT_FILES, format_of, upstream_files
 from .hub import SCHEME as HF_SCHEME
 from .hub import HubRef, parse_hf_ref
@@ -144,11 +144,9 @@ def load_index(path: str | os.PathLike | None = None) -> PrebuiltIndex:
     """Read and validate an index file; `file` entries resolve against its folder."""
     path = Path(path) if path is not None else default_index_path()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_strict(path.read_bytes(), f"prebuilt index {path}")
     except FileNotFoundError:
         raise ProfileError(f"prebuilt index {path} does not exist (DUOCAL_INDEX?)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ProfileError(f"prebuilt index {path} is not valid JSON ({err})") from None
     try:
         return index_from_dict(data, path.parent, path)
     except ProfileError as err:

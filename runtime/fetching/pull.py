@@ -16,20 +16,21 @@ file corrupted on disk heals on the next pull. Nothing is written until a downlo
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..arguments import require_reference
+from ..checks import require_reference
 from ..errors import ProfileError
-from ..profile import Profile, profile_from_dict, profile_to_json, read_profile_file
-from ..upstream import import_upstream
+from ..files.cache_root import CACHE_ENV, default_cache_dir
+from ..files.strict_json import loads_strict
+from ..profile.format import Profile, profile_from_dict, profile_to_json, read_profile_file
+from ..profile.upstream import import_upstream
 from .download import DownloadSettings, env_mirror, fetch, mirror_url, sha256_hex, verify
 from .hub import HubRef, env_offline, hub_download, parse_hf_ref
 from .prebuilt_index import IndexEntry, IndexFile, PathSource, PrebuiltIndex, UrlSource, resolve
-from .profile_cache import CACHE_ENV, ProfileCache, default_cache_dir
+from .profile_cache import ProfileCache
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def _convert(fmt: str, raw: dict[str, bytes], label: str, commit: str | None) ->
     """(profile, bytes of profile.json). A duocal file is kept byte for byte (its sha256 is pinned)."""
     try:
         if fmt == "duocal":
-            return profile_from_dict(json.loads(raw["profile.json"])), raw["profile.json"]
+            return profile_from_dict(loads_strict(raw["profile.json"], f"{label}: profile.json")), raw["profile.json"]
         with tempfile.TemporaryDirectory(prefix="duocal-pull-") as tmp:
             for name, data in raw.items():
                 Path(tmp, name).write_bytes(data)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import kv_quant as Q
 from ..policies.base import Step
 from ..policies.full_quantized import QuantizedFullGroup
-from ..quantized_attention import quantized_attention
+from ..quant import codes as Q
+from ..quant.attention import quantized_attention
 from .coded_pages import PagedCodes, ring_key
 
 

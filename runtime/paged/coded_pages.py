@@ -16,9 +16,15 @@ from math import lcm
 
 import torch
 
-from .. import kv_quant as Q
 from ..errors import PlanError
-from .align import aligned
+from ..quant import codes as Q
+
+# byte alignment of the pool's blocks and of the fields inside them
+ALIGN = 128  # bytes: every block and field starts on it
+
+
+def aligned(n: int, to: int = ALIGN) -> int:
+    return -(-n // to) * to
 
 
 def page_size_for(plan, least: int = 16) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .. import dense_attention as DA
+from ..attention import dense as DA
 from ..policies.base import DecodeStep, Step
 from .coded_attention import attend_coded
 

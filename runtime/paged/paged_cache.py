@@ -21,10 +21,9 @@ import torch
 from transformers.generation.continuous_batching.cache import PagedAttentionCache, PagedAttentionMemoryHandler
 from transformers.generation.continuous_batching.cache_allocators.cache_pool import CachePool
 
-from ..hf_compat import LAYER_KWARG, check_attention_is
-from ..planning import Plan
-from .align import ALIGN
-from .coded_pages import ring_key, ring_state
+from ..compat import LAYER_KWARG, check_attention_is
+from ..planning.plan import Plan
+from .coded_pages import ALIGN, ring_key, ring_state
 from .paged_attention import PagedLayerPass, PagedStep
 from .pages import BoundedSlots, FullHeadPages, slot_fields
 

@@ -26,8 +26,7 @@ import torch
 from transformers.generation.continuous_batching.cache_allocators import CacheAllocator
 from transformers.generation.continuous_batching.cache_allocators.cache_pool import CachePool
 
-from .align import aligned
-from .coded_pages import coded_page_fields, page_views
+from .coded_pages import aligned, coded_page_fields, page_views
 
 
 class FullHeadPages(CacheAllocator):

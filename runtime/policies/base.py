@@ -9,14 +9,15 @@ with `@register_policy`; nothing else in the runtime branches on policy names.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
 import torch
 
+from ..attention.ranks import ranks_of_new_tokens
 from ..errors import PlanError
-from ..ranks import ranks_of_new_tokens
 
 POLICIES: dict[str, type[HeadPolicy]] = {}
 
@@ -247,3 +248,13 @@ class DecodeStep:
             valid = pad_mask.index_select(1, position.view(1))[:, 0]
         rank = torch.where(valid, real_before, -1)
         return cls(position, valid, rank, real_before + valid.long(), pad_mask, scaling)
+
+
+# how dynamic full-head buffers grow: exact on the first pass, then by ~1.6% at a time
+FULL_SLACK = 1 / 64
+FULL_ALIGN = 8
+
+
+def full_capacity(needed: int, first: bool) -> int:
+    """Slots a dynamic full group allocates to hold `needed` tokens (exact on the first pass)."""
+    return needed if first else needed + max(FULL_ALIGN, math.ceil(needed * FULL_SLACK))

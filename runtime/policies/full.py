@@ -12,28 +12,27 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dense_attention import attend_every_slot, decode_sdpa
+from ..attention.dense import attend_every_slot, decode_sdpa
 from ..errors import PlanError
-from ..kv_quant import check_code_head_dim, check_code_sizes, quantized_bytes
-from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
-from .growth import full_capacity
+from ..quant.codes import GROUP, RESIDUAL, check_code_head_dim, check_code_sizes, quantized_bytes
+from .base import DecodeStep, HeadGroup, HeadPolicy, Step, full_capacity, register_policy
 from .static_buffers import allocate_static, check_room
 
-CODE_DEFAULTS = {"group": 32, "residual": 128}
+CODE_DEFAULTS = {"group": GROUP, "residual": RESIDUAL}
 
 
 @register_policy
 @dataclass(frozen=True)
 class Full(HeadPolicy):
-    """Every token. `kv_bits` 8 or 4 stores them as KIVI codes (kv_quant.py): keys per channel over
+    """Every token. `kv_bits` 8 or 4 stores them as KIVI codes (quant/codes.py): keys per channel over
     groups of `group` tokens, values per token over groups of `group` channels, the newest
     `residual` or more in full precision. 16 (the default) stores the cache's dtype as it is."""
 
     name = "full"
     bounded = False
     kv_bits: int = 16
-    group: int = 32
-    residual: int = 128
+    group: int = GROUP
+    residual: int = RESIDUAL
 
     def __post_init__(self):
         for name, least in (("kv_bits", 1), ("group", 1), ("residual", 0)):
@@ -43,7 +42,7 @@ class Full(HeadPolicy):
         check_code_sizes("full", self.kv_bits, {"group": self.group, "residual": self.residual}, CODE_DEFAULTS)
 
     @classmethod
-    def storing(cls, kv_bits: int = 16, group: int = 32) -> Full:
+    def storing(cls, kv_bits: int = 16, group: int = GROUP) -> Full:
         """Full heads that store `kv_bits` per value (16: the cache's dtype, whatever `group` says)."""
         return cls() if kv_bits == 16 else cls(kv_bits=kv_bits, group=group)
 

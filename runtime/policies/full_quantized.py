@@ -1,6 +1,6 @@
 """Storage of `full(kv_bits=8|4)` heads: KIVI codes for the history, the newest tokens in full precision.
 
-Each pass appends its tokens to the full-precision residual, attends (quantized_attention.py: the
+Each pass appends its tokens to the full-precision residual, attends (quant/attention.py: the
 history block by block, the residual last, causal), then moves whole groups of the oldest residual
 tokens into codes while more than `residual + group` tokens wait. Codes, scales and zero points
 grow geometrically as full heads' buffers do. Padding is stored (masked), as full heads store it.
@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import kv_quant as Q
-from ..dense_attention import attend_every_slot
-from ..quantized_attention import quantized_attention
-from .base import HeadGroup, Step
-from .growth import full_capacity
+from ..attention.dense import attend_every_slot
+from ..quant import codes as Q
+from ..quant.attention import quantized_attention
+from .base import HeadGroup, Step, full_capacity
 
 QUERY_BLOCK = 128  # queries of one pass attended at once to coded history
 PARTS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import kv_quant as Q
-from ..quantized_attention import quantized_attention
+from ..quant import codes as Q
+from ..quant.attention import quantized_attention
 from .base import DecodeStep, Step
 from .full_quantized import PARTS, QuantizedFullGroup
 from .static_buffers import allocate_static

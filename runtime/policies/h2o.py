@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import dense_attention as DA
-from .. import kv_quant as Q
-from .. import quantized_attention as QA
-from .. import ranks as R
-from ..scored_attention import attention_with_mass
+from ..attention import dense as DA
+from ..attention import ranks as R
+from ..attention.scored import attention_with_mass
+from ..quant import attention as QA
+from ..quant import codes as Q
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
 from .static_buffers import allocate_static
 
@@ -122,7 +122,14 @@ class H2O(CodedHeavyHitterPolicy):
     heavy: int = 128
     recent: int = 128
     kv_bits: int = 16
-    group: int = 32
+    group: int = Q.GROUP
+
+    @classmethod
+    def halves(cls, budget: int, **sizes) -> H2O:
+        """H2O keeping `budget` tokens per head: half heavy hitters, half recent, as in the H2O paper
+        (an odd token goes to the heavy hitters). Every row and measurement "at duo's bytes" uses it."""
+        recent = budget // 2
+        return cls(heavy=budget - recent, recent=recent, **sizes)
 
 
 class H2OGroup(HeadGroup):
@@ -284,7 +291,7 @@ class CodedH2OGroup(H2OGroup):
     def _codes(self, stored: torch.Tensor, like: torch.Tensor) -> Q.QuantizedKV:
         return Q.token_rows(stored, self.policy.kv_bits, self.policy.group, like.shape[-1], like.dtype)
 
-    def _stored_scores(self, qg, like):  # a decode step reads the codes as they are (quantized_attention.py)
+    def _stored_scores(self, qg, like):  # a decode step reads the codes as they are (quant/attention.py)
         return QA.token_key_scores(qg, self._codes(self.k, like), self.policy.kv_bits, self.policy.group)
 
     def _stored_output(self, p, like):

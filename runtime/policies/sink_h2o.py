@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..quant.codes import GROUP
 from .base import register_policy
 from .h2o import CodedHeavyHitterPolicy
 
@@ -20,7 +21,7 @@ class SinkH2O(CodedHeavyHitterPolicy):
     heavy: int = 124
     recent: int = 128
     kv_bits: int = 16
-    group: int = 32
+    group: int = GROUP
 
     @property
     def sinks_kept(self) -> int:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import ranks as R
-from ..dense_attention import decode_sdpa
-from ..window_attention import sink_window_attention
+from ..attention import ranks as R
+from ..attention.dense import decode_sdpa
+from ..attention.window import sink_window_attention
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
 from .static_buffers import allocate_static
 
@@ -45,7 +45,7 @@ class SinkWindow(HeadPolicy):
 def kept_ranks_after(context: int, sink: int, recent: int) -> torch.Tensor:
     """Ranks a sink-window head holds after `context` real tokens, ascending. [min(context, sink + recent)]"""
     ranks = torch.arange(context)
-    return ranks[(ranks < sink) | (ranks >= context - recent)]
+    return ranks[R.in_sink_or_recent(ranks, context - 1, sink, recent)]
 
 
 class SinkWindowGroup(HeadGroup):

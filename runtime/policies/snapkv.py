@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import dense_attention as DA
-from .. import ranks as R
-from ..scored_attention import attention_with_mass
+from ..attention import dense as DA
+from ..attention import ranks as R
+from ..attention.scored import attention_with_mass
 from .base import Step, register_policy
 from .h2o import H2OGroup, HeavyHitterPolicy, StaticH2OGroup
 
@@ -36,6 +36,13 @@ class SnapKV(HeavyHitterPolicy):
     name = "snapkv"
     selected: int = 96
     window: int = 32
+
+    @classmethod
+    def keeping(cls, budget: int) -> SnapKV:
+        """SnapKV keeping `budget` tokens per head: an observation window of 32 (a quarter of a budget
+        under 128), the rest selected."""
+        window = max(1, min(32, budget // 4))
+        return cls(selected=budget - window, window=window)
 
     def protected(self, k_rank, real_total):
         """The last `window` real tokens (the observation window of the next selection)."""

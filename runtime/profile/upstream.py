@@ -15,12 +15,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_files_atomic
-from .errors import ProfileError
-from .hf_compat import load_local_config
-from .model_shape import ModelShape, shape_of_config
-from .policies import SinkWindow
-from .profile import DeployDefaults, ModelInfo, Profile
+from ..errors import ProfileError
+from ..files.atomic import write_files_atomic
+from ..policies import SinkWindow
+from .format import DeployDefaults, ModelInfo, Profile
+from .shape import ModelShape, load_local_config, shape_of_config
 from .upstream_layout import CONFIG_NAME, TSV_NAME
 
 UPSTREAM_REPO = "mit-han-lab/duo-attention"

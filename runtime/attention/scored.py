@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from . import block_sparse as BS
-from . import dense_attention as DA
+from . import dense as DA
 from . import ranks as R
 
 BLOCK_ELEMENTS = 1 << 22  # CPU route: logits per block of queries (16 MiB in fp32)

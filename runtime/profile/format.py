@@ -13,7 +13,7 @@ File format (JSON, `"format": "duocal.profile"`, `"version": 3`; versions 1 and 
       "deploy": {"sparsity": ..., "policy": "sink_window",
                  "sizes": {"sink_window": {"sink": 64, "recent": 256}, "h2o": {"heavy": ..., "recent": ...}}},
       "measurements": {"kept:sink_window": {"scores": [[...]], "settings": {...}, "source": "profiler"}}
-    }                                           # optional; see profile_measurements.py
+    }                                           # optional; see profile/measurements.py
 
 Versions 1 and 2 kept deploy sizes as flat fields (`sink`, `recent`, `heavy`, `h2o_recent`) that
 several policies shared (`FLAT_DEPLOY_FIELDS`); they load with the same meaning.
@@ -31,16 +31,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_atomic
+from ..errors import ProfileError
+from ..files.atomic import write_atomic
+from ..files.strict_json import loads_strict
+from ..policies import HeadPolicy
 from .deploy_defaults import DeployDefaults, deploy_from_dict
-from .errors import ProfileError
-from .model_shape import SHAPE_FIELDS, ModelShape, shape_of_config
-from .policies import HeadPolicy
-from .profile_measurements import Measurement, checked_table, measurement_from_dict
+from .measurements import Measurement, checked_table, measurement_from_dict
+from .shape import SHAPE_FIELDS, ModelShape, shape_of_config
 
 FORMAT = "duocal.profile"
 VERSION = 3  # written: deploy sizes per policy ("sizes": {policy: {field: tokens}})
-# read too: 1 (flat deploy sizes shared between policies), 2 (1 + "measurements"; see profile_measurements.py)
+# read too: 1 (flat deploy sizes shared between policies), 2 (1 + "measurements"; see profile/measurements.py)
 READABLE_VERSIONS = (1, 2, VERSION)
 
 
@@ -234,12 +235,7 @@ def read_profile_file(path: str | os.PathLike) -> Profile:
         raise ProfileError(f"{path} is a folder, not a profile file") from None
     except UnicodeDecodeError:
         raise ProfileError(f"{path} is not a text JSON file (corrupt or binary)") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ProfileError(f"{path} is not valid JSON ({err}); the file is corrupt or truncated") from None
-    except RecursionError:
-        raise ProfileError(f"{path} nests JSON too deeply to be a profile") from None
+    data = loads_strict(text, str(path))
     try:
         return profile_from_dict(data)
     except ProfileError as err:

@@ -63,6 +63,12 @@ def cache_for_call(runtime, args: tuple, kwargs: dict) -> tuple[Any, dict]:
     )
 
 
+def without_empty_cache(kwargs: dict) -> dict:
+    """`cache=None` (or `past_key_values=None`) said out loud means "no cache given": drop it, so that the
+    cache made for the call is the only one passed."""
+    return {k: v for k, v in kwargs.items() if v is not None or k not in ("cache", "past_key_values")}
+
+
 def given_cache(kwargs: dict):
     """The caller's cache, refused unless duocal made it (another cache would be read by duocal's attention)."""
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
@@ -79,6 +85,7 @@ def generate_with(runtime, generate):
 
     @functools.wraps(generate)
     def generate_under_plan(*args, **kwargs):
+        kwargs = without_empty_cache(kwargs)
         given = given_cache(kwargs)
         if given is not None:
             return generate_continuing(generate, given, args, kwargs)
@@ -117,6 +124,7 @@ def forward_with(runtime, forward):
 
     @functools.wraps(forward)
     def forward_under_plan(*args, **kwargs):
+        kwargs = without_empty_cache(kwargs)
         if not runtime.active or given_cache(kwargs) is not None:
             return forward(*args, **kwargs)
         use_cache = kwargs.get("use_cache")

@@ -11,16 +11,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from transformers import AttentionInterface, AutoConfig
+from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function
-
-from .errors import ProfileError
 
 LAYER_KWARG = "duocal_cache_layer"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -126,16 +122,3 @@ def attention_implementation(model) -> str:
 
 def set_attention_implementation(model, name: str) -> None:
     model.set_attn_implementation(name)
-
-
-def load_local_config(path: str | os.PathLike):
-    """A transformers config from a local config.json or model folder; never a Hub request."""
-    path = Path(path)
-    if not path.exists():
-        raise ProfileError(f"model config {path} does not exist; give a config.json file or a model folder")
-    if path.is_dir() and not (path / "config.json").is_file():
-        raise ProfileError(f"model folder {path} has no config.json")
-    try:
-        return AutoConfig.from_pretrained(str(path))
-    except (OSError, ValueError, KeyError) as err:
-        raise ProfileError(f"cannot read the model config {path}: {err}") from None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from numbers import Integral
 from typing import Any
 
-from .errors import PlanError
+from ..errors import PlanError
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float8": 1, "fp8": 1}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import block_sparse as BS
-from . import dense_attention as DA
+from . import dense as DA
 
 
 def needs_backward_on_cpu(*tensors: torch.Tensor) -> bool:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 
-RESIDUAL, GROUP = 128, 32
+from .codes import GROUP, RESIDUAL
+
 BACKENDS = {"quanto": ("optimum.quanto", "optimum-quanto"), "hqq": ("hqq", "hqq")}
 HF_QUANTIZED = {"quanto4": ("quanto", 4), "hqq8": ("hqq", 8), "hqq4": ("hqq", 4)}  # row -> (backend, bits)
 AXES = {"quanto": {}, "hqq": {"axis_key": 1, "axis_value": 1}}

@@ -11,13 +11,21 @@ until a whole group of tokens can be quantized: a head holding n tokens keeps
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from .errors import PlanError
+from ..errors import PlanError
 
 BITS = (16, 8, 4)  # 16: the cache's own dtype (not quantized)
+GROUP = 32  # tokens (keys) or channels (values) per scale and zero point: KIVI's default
+RESIDUAL = 128  # the newest tokens kept in full precision: KIVI's default
+
+
+def default_group(head_dim: int) -> int:
+    """The group a plan takes when it names none: GROUP, or the largest divisor of `head_dim` below it."""
+    return math.gcd(GROUP, head_dim)
 
 
 @dataclass(frozen=True)

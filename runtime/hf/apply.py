@@ -2,7 +2,8 @@
 
 Nothing is patched at import. `apply` registers an attention function under a name of its own
 and switches the model to it; `remove()` (or leaving the `with` block) switches back and
-unregisters it. Applying a new plan to a model first removes the one applied before.
+unregisters it. Applying a new plan to a model replaces the one applied before; inside the `with`
+block of that one, it suspends it instead, and leaving the inner block brings the outer one back.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from . import hf_compat
-from .arguments import require_count, require_instance
-from .budget import dtype_bytes
+from .. import compat as hf_compat
+from ..checks import require_count, require_instance
+from ..errors import PlanError
+from ..planning.budget import dtype_bytes
+from ..planning.plan import Plan
+from ..profile.shape import shape_of_config
 from .cache import DuoCache, DuoCacheLayer
 from .drop_in import forward_with, generate_with
-from .errors import PlanError
-from .model_shape import shape_of_config
-from .planning import Plan
 
 _RUNTIME_ATTR = "_duocal_runtime"
 
@@ -29,7 +30,10 @@ class Runtime:
         self.model, self.plan, self.prefill_chunk_size = model, plan, prefill_chunk_size
         self.name = f"duocal_{id(self):x}"
         self.active = False
+        self.suspended = False  # displaced by a runtime applied inside its `with` block; back when that one ends
+        self._entered = False  # inside its own `with` block
         self._previous: str | None = None
+        self._outer: Runtime | None = None
 
     def warmup(self, lengths, batch: int = 1) -> float:
         """Compile, once, the kernels that prefills of these prompt lengths use (FlexAttention's block-sparse
@@ -78,7 +82,7 @@ class Runtime:
         """
         from transformers import ContinuousBatchingConfig
 
-        from .paged.manager import DuoBatchingManager
+        from ..paged.manager import DuoBatchingManager
 
         if not self.active:
             raise RuntimeError("this duocal runtime was removed; apply the plan again to batch with it")
@@ -113,7 +117,9 @@ class Runtime:
     def _install(self) -> None:
         previous = getattr(self.model, _RUNTIME_ATTR, None)
         if previous is not None and previous.active:
-            previous.remove()
+            previous._undo()
+            if previous._entered:
+                previous.suspended, self._outer = True, previous
         self._previous = hf_compat.attention_implementation(self.model)
         hf_compat.register(self.name, _weak_attention(self))
         # transformers' registry is global: make sure a runtime dropped without remove() leaves it
@@ -127,9 +133,20 @@ class Runtime:
         self.active = True
 
     def remove(self) -> None:
-        """Restore the model's attention implementation; this handle's caches stop working."""
+        """Restore the model's attention implementation (or the runtime this one suspended); this handle's
+        caches stop working."""
+        if self.suspended:  # removed while another runtime holds the model: it never comes back
+            self.suspended = self._entered = False
+            return
         if not self.active:
             return
+        self._undo()
+        outer, self._outer = self._outer, None
+        if outer is not None and outer.suspended and getattr(self.model, _RUNTIME_ATTR, None) is None:
+            outer.suspended = False
+            outer._install()
+
+    def _undo(self) -> None:
         self._stop_batching()
         hf_compat.set_attention_implementation(self.model, self._previous)
         hf_compat.unregister(self.name)
@@ -147,9 +164,11 @@ class Runtime:
             del self.model._cached_continuous_batching_manager
 
     def __enter__(self) -> Runtime:
+        self._entered = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._entered = False
         self.remove()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence, Union
 
 import duocal_runtime as dr
-from duocal_runtime.atomic import write_atomic
+from duocal_runtime.files.atomic import write_atomic
 
 Scores = Union[dr.Profile, Sequence[Sequence[float]]]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import duocal_runtime as dr
+from duocal_runtime.planning.head_order import bounded_order
 
 
 def average_ranks(values: Sequence[float]) -> list[float]:
@@ -42,7 +43,7 @@ def compare_profiles(a: dr.Profile, b: dr.Profile, top: int | None = None) -> di
     if top is not None and not 1 <= top <= len(fa):
         raise ValueError(f"--top must be between 1 and the {len(fa)} heads, got {top}")
     top = top or max(1, len(fa) // 4)
-    best = lambda f: set(dr.planning.bounded_order(f)[::-1][:top])  # noqa: E731
+    best = lambda f: set(bounded_order(f)[::-1][:top])  # noqa: E731
     return {
         "heads": len(fa),
         "spearman": round(spearman(fa, fb), 4),

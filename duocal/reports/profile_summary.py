@@ -56,7 +56,7 @@ def profile_summary(
     else:
         plan = dr.plan(profile, sparsity=sparsity, kv_bits=kv_bits)
     memory = plan.memory_report(context, batch=1, dtype=dtype)
-    from duocal_runtime.head_order import decided_by_ties, tie_losses
+    from duocal_runtime.planning.head_order import decided_by_ties, tie_losses
 
     measured = tie_losses(profile, profile.deploy.sized(profile.deploy.policy)) is not None
     tied = decided_by_ties(profile.flat_scores(), plan.num_bounded, measured)

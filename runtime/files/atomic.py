@@ -1,8 +1,9 @@
 """Atomic writes: a reader sees the old file (or folder) or the new one, never half of one.
 
 New files get the mode a plain `open()` would give them under the user's umask (mkstemp's
-0600 would otherwise survive the rename). Only regular files are written: a symlink's target is
-replaced (the link stays), and a device, fifo or socket at the path is refused, never replaced.
+0600 would otherwise survive the rename); a file that is replaced keeps its mode (0600 stays 0600).
+Only regular files are written: a symlink's target is replaced (the link stays), and a device, fifo
+or socket at the path is refused, never replaced.
 Commands check their outputs with `check_output` / `check_output_folder` before any work.
 """
 
@@ -21,6 +22,14 @@ def umask_mode(directory: bool = False) -> int:
     mask = os.umask(0)
     os.umask(mask)
     return (0o777 if directory else 0o666) & ~mask
+
+
+def kept_mode(target: Path) -> int:
+    """The mode a write to `target` leaves: the mode of the file it replaces, else the umask's."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        return umask_mode()
 
 
 KINDS = {
@@ -74,16 +83,17 @@ def check_output_folder(path: str | os.PathLike) -> Path:
     return path
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str) -> Path:
+def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int | None = None) -> Path:
     """Write `data` to `path` through a temporary file in the same folder and a rename (a symlink's
-    target is replaced, the link kept). Returns `path`."""
+    target is replaced, the link kept; a replaced file's mode is kept unless `mode` says). Returns `path`."""
     path = Path(path)
     target = output_target(path)
+    mode = kept_mode(target) if mode is None else mode
     target.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=".duocal-", suffix=".tmp", dir=target.parent)  # short: any valid name fits
     try:
-        os.fchmod(fd, umask_mode())
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
@@ -106,8 +116,8 @@ def write_files_atomic(folder: str | os.PathLike, files: Mapping[str, bytes | st
     staging = Path(tempfile.mkdtemp(prefix=".duocal-", suffix=".tmp", dir=folder.parent))
     try:
         for name, data in files.items():
-            write_atomic(staging / name, data)
             target = folder / name
+            write_atomic(staging / name, data, kept_mode(target))
             if target.is_dir() and not target.is_symlink():
                 raise IsADirectoryError(f"{target} is a folder; cannot replace it with a file")
         if not folder.exists():

@@ -1,11 +1,14 @@
-"""The C kernels of coded decode attention (kernels/coded_attention.c, vectors.h), built on first use.
+"""The C kernels of coded decode attention (csrc/coded_attention.c, vectors.h), built on first use.
 
 Decode over KIVI codes in torch converts every block of codes to fp32 and runs small matmuls on
 it; the C kernels read the codes as they are, a row at a time, and keep the sums in registers.
 They are compiled once per machine with the system's C compiler (`$CC`, else `cc`; `-O3
 -march=native`) into duocal's cache folder (`kernels/`, keyed by the source, the compiler and the
-CPU), written under a temporary name and renamed, so processes that build at once never load half
-a file. Without a compiler, or with `DUOCAL_KERNELS=off`, or where a shape is outside what the
+CPU), written under a temporary name, its sha256 recorded beside it, then renamed, so processes
+that build at once never load half a file; a cached file that does not hash to its record (truncated:
+mapping it would crash with SIGBUS) or lacks the kernels' symbols is built again, once, and a build
+still unusable falls back to torch with a warning. A compiler that hangs is killed with its children
+after COMPILE_TIMEOUT_S. Without a compiler, or with `DUOCAL_KERNELS=off`, or where a shape is outside what the
 kernels take (CUDA tensors, a traced graph, queries that need gradients, prefill-sized query
 blocks, head_dim not a multiple of 16), `attend` / `weighted_token_values` / `token_scores` return None and the
 caller computes the same sums in torch. A failed build warns once with the compiler's message.
@@ -19,6 +22,7 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import tempfile
 import warnings
@@ -26,14 +30,17 @@ from pathlib import Path
 
 import torch
 
-from . import kv_quant as Q
+from ..files.atomic import write_atomic
+from . import codes as Q
 
-SOURCE = Path(__file__).with_name("kernels") / "coded_attention.c"
+SOURCE = Path(__file__).with_name("csrc") / "coded_attention.c"
 SWITCH_ENV = "DUOCAL_KERNELS"
 MAX_ROWS, MAX_HEAD_DIM = 64, 256  # MAXR and MAXV * 8 in the C source
 TOKENS_PER_THREAD = 32768
 COMMON = ("-O3", "-shared", "-fPIC", "-pthread")
 FLAGS = (("-march=native", *COMMON), COMMON)
+SYMBOLS = ("duocal_coded_attention", "duocal_weighted_values", "duocal_token_scores")
+COMPILE_TIMEOUT_S, VERSION_TIMEOUT_S = 120.0, 20.0  # a build takes ~7 s here
 
 
 def enabled() -> bool:
@@ -141,36 +148,61 @@ def library() -> ctypes.CDLL | None:
 
 
 def _load() -> ctypes.CDLL:
+    """Load the cached build if it is whole (its recorded sha256) and ours (its symbols), else build it
+    once more; a cache this user cannot use gets a build for this process, removed once loaded."""
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
         raise OSError(f"no C compiler {compiler!r} on PATH (install one, or set CC)")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    version = _run([compiler, "--version"], VERSION_TIMEOUT_S).stdout
     sources = [p.read_text() for p in sorted(SOURCE.parent.glob("*.[ch]"))]  # the kernel and its header
     key = hashlib.sha256("\0".join((*sources, compiler, version, repr(FLAGS), _cpu())).encode()).hexdigest()
-    target = _cache_folder() / f"coded_attention-{key[:16]}.so"
-    if target.is_file():
+    name = f"coded_attention-{key[:16]}.so"
+    folder = _cache_folder()
+    if folder is None:
+        with tempfile.TemporaryDirectory(prefix="duocal-kernels-") as tmp:
+            return _checked(_build(compiler, Path(tmp) / name))  # a loaded object outlives its file
+    target = folder / name
+    if _whole(target):
         try:
-            return ctypes.CDLL(str(target))
-        except OSError:  # a damaged file in the cache: built again below, renamed over it
+            return _checked(target)
+        except OSError:  # not our kernels after all: built again below, renamed over it
             pass
-    return ctypes.CDLL(str(_build(compiler, target)))
+    return _checked(_build(compiler, target))
+
+
+def _whole(target: Path) -> bool:
+    """The file is there and hashes to what its build recorded (a truncated object would crash the
+    process that maps it, with SIGBUS: it is never loaded)."""
+    try:
+        recorded = _digest_file(target).read_text().strip()
+        return hashlib.sha256(target.read_bytes()).hexdigest() == recorded
+    except OSError:
+        return False
+
+
+def _digest_file(target: Path) -> Path:
+    return target.with_suffix(".sha256")
+
+
+def _checked(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    missing = [symbol for symbol in SYMBOLS if not hasattr(lib, symbol)]
+    if missing:
+        raise OSError(f"{path} is not duocal's kernel build (no {', '.join(missing)})")
+    return lib
 
 
 def _build(compiler: str, target: Path) -> Path:
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
-    except OSError:  # a cache this user cannot write: a build for this process only
-        target = Path(tempfile.mkdtemp(prefix="duocal-kernels-")) / target.name
-        fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".partial")
+    """Compile to a temporary name, record its sha256, then rename it over `target`."""
+    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
     os.close(fd)
     try:
         errors = []
         for flags in FLAGS:  # -march=native first; a compiler that refuses it gets portable code
-            done = subprocess.run(
-                [compiler, *flags, "-o", partial, str(SOURCE)], capture_output=True, text=True, timeout=300
-            )
+            done = _run([compiler, *flags, "-o", partial, str(SOURCE)], COMPILE_TIMEOUT_S)
             if done.returncode == 0:
+                digest = hashlib.sha256(Path(partial).read_bytes()).hexdigest()
+                write_atomic(_digest_file(target), digest + "\n")
                 os.replace(partial, target)
                 return target
             errors.append(done.stderr.strip()[-1000:])
@@ -179,13 +211,31 @@ def _build(compiler: str, target: Path) -> Path:
         Path(partial).unlink(missing_ok=True)
 
 
-def _cache_folder() -> Path:
-    from .fetching.profile_cache import default_cache_dir
+def _run(command: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """`command` in a session of its own: past `timeout_s` the compiler and every child it started
+    (cc1, as, ld) are killed, and an OSError says so."""
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise OSError(f"{command[0]} did not finish in {timeout_s:g} s (killed)") from None
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def _cache_folder() -> Path | None:
+    """duocal's cache folder for kernels, made if needed; None when this user cannot write there."""
+    from ..files.cache_root import default_cache_dir
 
     try:
-        return default_cache_dir() / "kernels"
-    except ValueError:  # the cache path is a file
-        return Path(tempfile.mkdtemp(prefix="duocal-kernels-"))
+        folder = default_cache_dir() / "kernels"
+        folder.mkdir(parents=True, exist_ok=True)
+    except (ValueError, OSError):  # the cache path is a file, or not ours to write
+        return None
+    return folder if os.access(folder, os.W_OK | os.X_OK) else None
 
 
 def _cpu() -> str:

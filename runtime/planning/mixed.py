@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .errors import PlanError
-from .policies import Full, HeadPolicy
-from .profile_measurements import error_name, kept_name
+from ..errors import PlanError
+from ..policies import Full, HeadPolicy
+from ..profile.measurements import error_name, kept_name
 
 QUANTIZED_FULL = re.compile(r"full-kv(\d+)")  # full heads storing that many bits: full-kv8, full-kv4
 

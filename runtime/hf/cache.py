@@ -15,11 +15,11 @@ import copy
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from . import hf_compat
-from .hf_compat import LAYER_KWARG
-from .planning import Plan
-from .policies.base import DecodeStep, HeadGroup, Step
-from .policies.static_buffers import check_room, mark_static
+from .. import compat as hf_compat
+from ..compat import LAYER_KWARG
+from ..planning.plan import Plan
+from ..policies.base import DecodeStep, HeadGroup, Step
+from ..policies.static_buffers import check_room, mark_static
 
 
 def check_batch(real: torch.Tensor | None, rows: int) -> None:

@@ -8,10 +8,12 @@ meaningful scores; the name is recorded for that, the shape is enforced.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from .errors import ProfileError
+from ..errors import ProfileError
 
 SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
 
@@ -70,3 +72,18 @@ def shape_of_config(config: Any) -> ModelShape:
 def config_fingerprint(config: Any) -> str:
     """Fingerprint of a transformers config by the fields that decide KV shapes."""
     return shape_of_config(config).fingerprint
+
+
+def load_local_config(path: str | os.PathLike):
+    """A transformers config from a local config.json or model folder; never a Hub request."""
+    from transformers import AutoConfig
+
+    path = Path(path)
+    if not path.exists():
+        raise ProfileError(f"model config {path} does not exist; give a config.json file or a model folder")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ProfileError(f"model folder {path} has no config.json")
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as err:
+        raise ProfileError(f"cannot read the model config {path}: {err}") from None

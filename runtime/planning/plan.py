@@ -3,7 +3,7 @@
 `plan(profile, sparsity=0.5)` follows upstream DuoAttention's rule (``sparsify_attention_heads``
 in duo_attn/utils.py: a global quantile over all heads; heads at or above it stay full) but is
 exact and deterministic: exactly ``round(sparsity * heads)`` heads become non-retrieval, taken
-in *bounded order* (the order heads stop being full; head_order.py):
+in *bounded order* (the order heads stop being full; planning/head_order.py):
 
     ascending score; among equal scores, the head with the larger flat index
     (layer * num_kv_heads + head) first (with the profile's measurements: among scores within
@@ -18,20 +18,20 @@ heads — the result is identical to upstream's.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from . import plan_summary
-from .arguments import require_count, require_instance, require_number
+from ..checks import require_count, require_instance, require_number
+from ..errors import PlanError
+from ..policies import Full, HeadPolicy, policy_from_dict
+from ..profile.format import Profile
+from ..profile.shape import ModelShape
+from ..quant.codes import default_group
+from . import summary as plan_summary
 from .budget import Budget, budget_dtype_of, dtype_bytes, max_context
-from .errors import PlanError
 from .head_order import bounded_order, tie_losses
-from .mixed_planning import check_mix, mix_policies, mixed_choice
-from .model_shape import ModelShape
-from .policies import Full, HeadPolicy, policy_from_dict
-from .profile import Profile
+from .mixed import check_mix, mix_policies, mixed_choice
 
 
 def bounded_head_count(num_heads: int, sparsity: float) -> int:
@@ -42,7 +42,7 @@ def bounded_head_count(num_heads: int, sparsity: float) -> int:
 
 
 def bounded_heads_for_sparsity(flat_scores: Sequence[float], sparsity: float, losses=None) -> set[int]:
-    """Exactly `bounded_head_count` heads, lowest scores first (ties: head_order.py)."""
+    """Exactly `bounded_head_count` heads, lowest scores first (ties: planning/head_order.py)."""
     return set(bounded_order(flat_scores, losses)[: bounded_head_count(len(flat_scores), sparsity)])
 
 
@@ -134,7 +134,7 @@ class Plan:
             "fraction_of_full": plan_bytes / full_bytes if full_bytes else 1.0,
         }
 
-    # --- for people (plan_summary.py) ---------------------------------------------------
+    # --- for people (planning/summary.py) ---------------------------------------------------
     def policy_counts(self) -> dict[str, int]:
         """'sink_window(sink=64, recent=512)' -> KV heads with it, in order of first appearance."""
         return plan_summary.policy_counts(self)
@@ -234,7 +234,7 @@ def plan(
     profile's) with the given sizes (defaults: the profile's deploy sizes).
 
     With `policies` (e.g. ("full", "sink_window", "h2o")) and a `budget`, every head gets the one
-    of those policies that loses least for its bytes (mixed_planning.py): measured kept attention
+    of those policies that loses least for its bytes (planning/mixed.py): measured kept attention
     where the profile has it, else the gate order; `full-kv8` / `full-kv4` among them choose a width per
     head by measured output error (a byte budget). `plan.choice` says what was chosen.
 
@@ -253,7 +253,7 @@ def plan(
     ]
     if len(chosen) > 1:
         raise PlanError(f"give one of sparsity, threshold or budget, not {' and '.join(chosen)}")
-    d, group = profile.deploy, kv_group or math.gcd(32, profile.shape.head_dim)
+    d, group = profile.deploy, kv_group or default_group(profile.shape.head_dim)
     full = Full.storing(kv_bits, group)
     if isinstance(policies, str):
         raise TypeError(f"policies must be a list of policy names, e.g. ('full', 'h2o'), got the string {policies!r}")
@@ -297,3 +297,10 @@ def _mixed_plan(profile: Profile, policies: list[HeadPolicy], budget: Budget, co
     return Plan(
         profile.shape, table, profile.model.name_or_path, choice=report, budget_dtype=budget_dtype_of(budget, dtype)
     )
+
+
+def with_kv_bits(plan: Plan, kv_bits: int, group: int | None = None) -> Plan:
+    """`plan` with its 16-bit full heads storing `kv_bits` (16, 8, 4), in groups of `group` tokens
+    (keys) and channels (values); default gcd(32, head_dim). Bounded heads are unchanged."""
+    full = Full.storing(kv_bits, group or default_group(plan.shape.head_dim))
+    return replace(plan, policies=[[full if p == Full() else p for p in row] for row in plan.policies])

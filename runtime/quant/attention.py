@@ -1,7 +1,7 @@
 """Attention over KIVI-quantized keys and values without dequantizing the whole history.
 
 On the CPU a decode pass reads the quantized part (every token older than the residual) with the C
-kernel of coded_kernels.py: 8 tokens at a time straight from the codes, scores, softmax and values
+kernel of quant/kernels.py: 8 tokens at a time straight from the codes, scores, softmax and values
 in registers, one call for every head. Elsewhere (CUDA, a traced graph, prefill-sized query
 blocks, no C compiler) it is read `CODED_BLOCK` tokens at a time in torch and never dequantized:
 its scores are (q × scale) · codes + q · zero per group of tokens (keys), its output (p × scale) @
@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from . import coded_kernels
-from . import kv_quant as Q
+from . import codes as Q
+from . import kernels as coded_kernels
 
 CODED_BLOCK = 2048  # tokens of quantized history read at once (a multiple of every group size used)
 

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ProfileError
-from .model_shape import ModelShape
+from ..errors import ProfileError
+from .shape import ModelShape
 
 SOURCES = ("profiler", "calibration", "import")
 KEPT_PREFIX = "kept:"  # kept:<policy name>: share of attention mass that policy keeps

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import PlanError, ProfileError
-from .policies import HeadPolicy, bounded_policy_names, make_policy, policy_from_dict
+from ..errors import PlanError, ProfileError
+from ..policies import HeadPolicy, bounded_policy_names, make_policy, policy_from_dict
 
 PER_POLICY_SIZES = 3  # the first profile version with "sizes"
 

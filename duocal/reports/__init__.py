@@ -1,0 +1,1 @@
+"""What duocal shows people: profile summaries and comparisons, plots, model cards, sizes."""

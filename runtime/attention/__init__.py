@@ -1,0 +1,1 @@
+"""Attention math over per-head groups: token ranks, dense and decode attention, FlexAttention kernels."""

@@ -1,0 +1,1 @@
+"""Files on disk: atomic writes, regular-file reads, one writer per folder."""

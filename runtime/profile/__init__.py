@@ -1,0 +1,1 @@
+"""The profile format: model shape, scores, measurements, deployment defaults, upstream patterns."""
