@@ -123,3 +123,15 @@ def test_chat_prompts_keep_the_pass_key_at_the_default_sparsity(smollm2):
     for prompt in PROMPTS:
         assert duo[prompt][0] >= full[prompt][0] - 1, (prompt, duo, full)
     assert all(a.clean for a in default), [a for a in default if not a.clean]
+
+
+def test_chat_answers_score_by_their_first_number_and_repetition_before_it():
+    from duocal.eval.chat_passkey import ChatAnswer, readme_prompt
+
+    garbled = ChatAnswer("readme", 71432, "The pass key is the pass key is 71432. Remember it.")
+    assert garbled.exact and not garbled.clean
+    fine = ChatAnswer("readme", 71432, "The pass key is 71432. Remember it. The pass key is 7")
+    assert fine.exact and fine.clean
+    wrong = ChatAnswer("readme", 71432, "The pass key is 71433.")
+    assert not wrong.exact and wrong.clean
+    assert readme_prompt(71432).count("71432") == 2 and readme_prompt(1).endswith("\nWhat is the pass key?")

@@ -53,7 +53,7 @@ PROMPTS = {"readme": readme_prompt, "licence": licence_prompt}
 
 
 @dataclass(frozen=True)
-class Answer:
+class ChatAnswer:
     """A greedy answer to one prompt and key, and how it scores."""
 
     prompt: str
@@ -89,7 +89,9 @@ def chat_ids(tokenizer, content: str) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
-def answer_all(model, tokenizer, plan: dr.Plan, asked: list[tuple[str, int]], new_tokens=NEW_TOKENS) -> list[Answer]:
+def answer_all(
+    model, tokenizer, plan: dr.Plan, asked: list[tuple[str, int]], new_tokens=NEW_TOKENS
+) -> list[ChatAnswer]:
     """Greedy answers to every (prompt name, key) through `plan`'s cache, BATCH prompts at a time."""
     with dr.apply(model, plan) as runtime:
         return [
@@ -99,7 +101,7 @@ def answer_all(model, tokenizer, plan: dr.Plan, asked: list[tuple[str, int]], ne
         ]
 
 
-def answer_batch(model, tokenizer, runtime, asked: list[tuple[str, int]], new_tokens: int) -> list[Answer]:
+def answer_batch(model, tokenizer, runtime, asked: list[tuple[str, int]], new_tokens: int) -> list[ChatAnswer]:
     """Greedy answers to (prompt name, key) pairs in one left-padded batch on a fresh cache of `runtime`."""
     rows = [chat_ids(tokenizer, PROMPTS[name](key)) for name, key in asked]
     pad = pad_token_id(tokenizer, model.config)
@@ -113,10 +115,10 @@ def answer_batch(model, tokenizer, runtime, asked: list[tuple[str, int]], new_to
         pad_token_id=pad,
     )
     texts = tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
-    return [Answer(name, key, text.strip()) for (name, key), text in zip(asked, texts)]
+    return [ChatAnswer(name, key, text.strip()) for (name, key), text in zip(asked, texts)]
 
 
-def tally(answers: list[Answer]) -> dict[str, tuple[int, int, int]]:
+def tally(answers: list[ChatAnswer]) -> dict[str, tuple[int, int, int]]:
     """Prompt name -> (exact, clean, answers)."""
     out: dict[str, tuple[int, int, int]] = {}
     for a in answers:
