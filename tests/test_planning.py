@@ -200,26 +200,3 @@ def test_plans_profiles_and_runtimes_print_on_one_screen():
     with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())) as runtime:
         assert repr(runtime).startswith("Runtime(applied to LlamaForCausalLM, Plan(")
     assert repr(runtime).startswith("Runtime(removed")
-
-
-def test_ties_among_near_zero_scores_go_to_the_heads_that_lose_least_when_measured():
-    """SmolLM2: 60 of 90 gates below 1e-3, so at 50% which zero-gate heads stay full was the index's
-    choice (layers 0-1 entirely full). With a kept-share measurement the heads that keep most are bounded."""
-    from duocal_runtime.planning.head_order import TIE, decided_by_ties
-    from duocal_runtime.profile.measurements import Measurement
-
-    scores = [[0.0, 0.0004], [0.9, 0.0], [0.0002, 0.5], [0.0, 0.7]]  # 5 heads within TIE of 0
-    base = dr.Profile(dr.ModelInfo(dr.ModelShape(4, 4, 2, 16), "m"), scores)
-    without = {i for i, p in enumerate(p for row in dr.plan(base, sparsity=0.5).policies for p in row) if p.bounded}
-    assert without == {6, 3, 0, 4}  # exact ties only, by later index first (unchanged)
-    kept = [[0.2, 0.99], [0.1, 0.3], [0.95, 0.1], [0.9, 0.1]]  # share of attention a sink window keeps
-    measured = dr.Profile(base.model, scores, {}, base.deploy, {"kept:sink_window": Measurement(kept)})
-    plan = dr.plan(measured, sparsity=0.5)
-    bounded = {i for i, p in enumerate(p for row in plan.policies for p in row) if p.bounded}
-    assert bounded == {1, 4, 6, 3}  # the 4 of the 5 tied heads that keep most
-    assert dr.plan(measured, sparsity=0.5) == plan  # deterministic
-    flat = measured.flat_scores()
-    assert decided_by_ties(flat, 4, measured=True) == 4  # all four from the run of five
-    assert decided_by_ties(flat, 4, measured=False) == 0  # exact runs [6, 3, 0], [4]: the cut falls between
-    assert decided_by_ties(flat, 2, measured=False) == 2
-    assert TIE == 1e-3

@@ -101,3 +101,37 @@ def test_the_readme_quick_start_runs_and_finds_the_pass_key(smollm2, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "(57% of full attention)" in done.stdout and "float32" in done.stdout
     assert "71432" in done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_chat_prompts_keep_the_pass_key_at_the_default_sparsity(smollm2):
+    """Issue 38: README's chat prompt and one in the GPL-3.0 text, 8 keys each, greedy 16 tokens (fp32).
+    Measured: full attention readme 7/8 exact (6/8 clean: it garbles 2 keys itself), licence 8/8;
+    the shipped profile at 0.5 readme 7/8 exact, 8/8 clean, licence 8/8; the former 1e-3 tie rule
+    at 0.5: readme 6/8 exact, 1/8 clean ("The pass key is the pass key is 71432")."""
+    from duocal.eval.chat_passkey import KEYS, PROMPTS, answer_all, tally
+
+    model, tokenizer, profile = smollm2
+    assert model.dtype == torch.float32
+    asked = [(prompt, key) for prompt in PROMPTS for key in KEYS]
+    with torch.inference_mode():
+        full = tally(answer_all(model, tokenizer, dr.plan(profile, sparsity=0.0), asked))
+        default = answer_all(model, tokenizer, dr.plan(profile), asked)  # dr.plan's and `duocal serve`'s default
+    duo = tally(default)
+    assert profile.deploy.sparsity == 0.5 and dr.plan(profile).num_bounded == 45
+    assert full["licence"][0] >= 7  # the prompts can be answered
+    for prompt in PROMPTS:
+        assert duo[prompt][0] >= full[prompt][0] - 1, (prompt, duo, full)
+    assert all(a.clean for a in default), [a for a in default if not a.clean]
+
+
+def test_chat_answers_score_by_their_first_number_and_repetition_before_it():
+    from duocal.eval.chat_passkey import ChatAnswer, readme_prompt
+
+    garbled = ChatAnswer("readme", 71432, "The pass key is the pass key is 71432. Remember it.")
+    assert garbled.exact and not garbled.clean
+    fine = ChatAnswer("readme", 71432, "The pass key is 71432. Remember it. The pass key is 7")
+    assert fine.exact and fine.clean
+    wrong = ChatAnswer("readme", 71432, "The pass key is 71433.")
+    assert not wrong.exact and wrong.clean
+    assert readme_prompt(71432).count("71432") == 2 and readme_prompt(1).endswith("\nWhat is the pass key?")

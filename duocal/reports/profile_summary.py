@@ -28,6 +28,24 @@ def _streaming_policy(plan: dr.Plan) -> dict[str, Any] | None:
     return policy.to_dict() if policy is not None else None
 
 
+def tie_report(profile: dr.Profile, plan: dr.Plan) -> dict[str, Any]:
+    """How many bounded heads a tie-break chose (among how many heads of equal score) and by what. A
+    budget's mix chooses by predicted loss, not in score order: it reports no ties."""
+    from duocal_runtime.planning.head_order import tie_losses, tied_at_cut
+
+    if plan.choice is not None:
+        return {"tie_decided_heads": 0, "tied_heads": 0, "ties_broken_by": "the mix's predicted loss"}
+    bounded = {i for i, p in enumerate(p for row in plan.policies for p in row) if p.bounded}
+    chosen, among = tied_at_cut(profile.flat_scores(), bounded)
+    policy = next(p for row in plan.policies for p in row if p.bounded) if bounded else None
+    measured = policy is not None and tie_losses(profile, policy) is not None
+    return {
+        "tie_decided_heads": chosen,
+        "tied_heads": among,
+        "ties_broken_by": "measured loss" if measured else "head index",
+    }
+
+
 def profile_summary(
     profile: dr.Profile,
     sparsity: float | None = None,
@@ -56,10 +74,6 @@ def profile_summary(
     else:
         plan = dr.plan(profile, sparsity=sparsity, kv_bits=kv_bits)
     memory = plan.memory_report(context, batch=1, dtype=dtype)
-    from duocal_runtime.planning.head_order import decided_by_ties, tie_losses
-
-    measured = tie_losses(profile, profile.deploy.sized(profile.deploy.policy)) is not None
-    tied = decided_by_ties(profile.flat_scores(), plan.num_bounded, measured)
     counts: dict[str, int] = {}
     for row in plan.policies:
         for p in row:
@@ -84,8 +98,7 @@ def profile_summary(
         "kv_bytes_plan": memory["kv_bytes_plan"],
         "fraction_of_full": memory["fraction_of_full"],
         "policy_counts": counts,
-        "tie_decided_heads": tied,
-        "ties_broken_by": "measured loss" if measured else "head index",
+        **tie_report(profile, plan),
         "measurements": sorted(profile.measurements),
     }
 
@@ -116,7 +129,8 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
     if s.get("tie_decided_heads"):
         hint = "" if s["ties_broken_by"] != "head index" else " (add measurements: duocal profile --scores-from)"
         console.print(
-            f"{s['tie_decided_heads']} bounded heads were chosen among tied scores, by {s['ties_broken_by']}{hint}"
+            f"{s['tie_decided_heads']} bounded heads were chosen among {s['tied_heads']} heads of equal score, "
+            f"by {s['ties_broken_by']}{hint}"
         )
     console.print(
         f"KV cache at {s['context']} tokens (batch 1, {s['dtype']}"

@@ -1,47 +1,41 @@
-"""The order in which heads stop being full: ascending score, ties broken by what the profile measured.
+"""The order in which heads stop being full: ascending score; only equal scores tie.
 
 Upstream DuoAttention sorts heads by gate and breaks ties with random noise. Calibrated gates are
-clamped to [0, 1], so many heads tie at 0 (SmolLM2's calibrated profile: 49 of 90 gates are 0.0 and
-60 are below 1e-3), and which of them stay full is then decided by the tie-break alone. With a
-measured loss per head (`losses`: 1 − the share of attention the plan's policy keeps, from the
-profile's `kept:<policy>` measurement), scores within `TIE` of the first of their run are tied and
-the head that loses least goes first. Without measurements, only equal scores tie, and the later
-flat index (layer × KV heads + head) goes first (the earlier layers keep their full cache), as before.
+clamped to [0, 1], so many heads tie exactly at 0 (SmolLM2's calibrated profile: 49 of 90 gates are
+0.0) or 1, and which of them stay full is then decided by the tie-break alone. Here a tie is an
+exact tie: a head with a larger score is never bounded before a head with a smaller one, however
+small the difference. (An earlier rule tied every score within 1e-3 of a run's first and let the
+tie-break decide among them; on SmolLM2 that bounded small non-zero gates of retrieval heads in
+layers 14-18 (5e-5..4e-4) while zero-gate heads stayed full, and garbled chat answers at 50%.
+The shipped profiles hold no near-equal distinct scores that a tolerance would have to merge: their
+smallest relative gap between distinct scores is 1e-4, 0.9999 against 1.0.)
+
+Among equal scores, with a measured loss per head (`losses`: 1 − the share of attention the plan's
+policy keeps, from the profile's `kept:<policy>` measurement) the head that loses least goes first;
+without measurements, or among equal losses, the later flat index (layer × KV heads + head) goes
+first (the earlier layers keep their full cache), as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-TIE = 1e-3  # measured: SmolLM2's zero-clamped gates spread up to 6e-4; distinct gates are >= 1e-3 apart
-
-
-def tie_runs(flat_scores: Sequence[float], tolerance: float) -> list[list[int]]:
-    """Heads in ascending score, cut into runs whose scores are within `tolerance` of the run's first."""
-    runs: list[list[int]] = []
-    for i in sorted(range(len(flat_scores)), key=lambda i: (flat_scores[i], -i)):
-        if runs and flat_scores[i] - flat_scores[runs[-1][0]] <= tolerance:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
+from collections.abc import Collection, Sequence
 
 
 def bounded_order(flat_scores: Sequence[float], losses: Sequence[float] | None = None) -> list[int]:
     """Flat head indices in the order they become bounded (see the module docstring)."""
-    if losses is None:
-        return sorted(range(len(flat_scores)), key=lambda i: (flat_scores[i], -i))
-    return [i for run in tie_runs(flat_scores, TIE) for i in sorted(run, key=lambda i: (losses[i], -i))]
+    tie_break = losses if losses is not None else [0.0] * len(flat_scores)
+    return sorted(range(len(flat_scores)), key=lambda i: (flat_scores[i], tie_break[i], -i))
 
 
-def decided_by_ties(flat_scores: Sequence[float], count: int, measured: bool) -> int:
-    """How many of the first `count` bounded heads were chosen among tied heads (a run the cut splits)."""
-    taken = 0
-    for run in tie_runs(flat_scores, TIE if measured else 0.0):
-        if taken + len(run) > count:
-            return count - taken if taken < count else 0
-        taken += len(run)
-    return 0
+def tied_at_cut(flat_scores: Sequence[float], bounded: Collection[int]) -> tuple[int, int]:
+    """(bounded heads that share their score with a full head, all heads with such a score): the heads
+    a tie-break chose, and how many it chose among. (0, 0) when no score is on both sides of the cut."""
+    bounded = set(bounded)
+    bounded_scores = {flat_scores[i] for i in bounded}
+    full_scores = {s for i, s in enumerate(flat_scores) if i not in bounded}
+    split = bounded_scores & full_scores
+    chosen = sum(1 for i in bounded if flat_scores[i] in split)
+    return chosen, sum(1 for s in flat_scores if s in split)
 
 
 def tie_losses(profile, policy) -> list[float] | None:

@@ -5,13 +5,13 @@ in duo_attn/utils.py: a global quantile over all heads; heads at or above it sta
 exact and deterministic: exactly ``round(sparsity * heads)`` heads become non-retrieval, taken
 in *bounded order* (the order heads stop being full; planning/head_order.py):
 
-    ascending score; among equal scores, the head with the larger flat index
-    (layer * num_kv_heads + head) first (with the profile's measurements: among scores within
-    1e-3, the head that loses least when bounded first).
+    ascending score; among equal scores (exact ties only), the head that loses least when
+    bounded first when the profile measured it, else the head with the larger flat index
+    (layer * num_kv_heads + head) first.
 
 So ties never depend on random noise (upstream adds U(0, 1e-6) noise; on its
-Mistral-7B-Instruct-v0.2 pattern 20 heads tie at the 50% threshold), and among tied heads the
-earlier layers keep their full cache. Without ties and where upstream's quantile count
+Mistral-7B-Instruct-v0.2 pattern 20 heads tie at the 50% threshold), and no head is bounded while
+a head with a smaller score stays full. Without ties and where upstream's quantile count
 (``ceil(q * (n - 1))``) equals ``round(q * n)`` — e.g. q in {0.25, 0.5, 0.75} for 256 or 1024
 heads — the result is identical to upstream's.
 """
