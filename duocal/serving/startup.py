@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import sys
@@ -52,6 +53,8 @@ def request_bytes(size: str | int | None) -> int:
 
     if size is None:
         return DEFAULT_MAX_REQUEST_BYTES
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+        return size
     budget = Budget.parse(str(size))
     if budget.unit != "bytes" or budget.amount < 1:
         raise ValueError(f"--max-request-size takes a positive size in bytes ('4MiB', '500kB'), got {size!r}")
@@ -126,6 +129,7 @@ def draining_server(config):
         def handle_exit(self, sig, frame) -> None:
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
+                logging.getLogger("uvicorn.error").disabled = True  # the cancelled streams' tracebacks
                 sys.stderr.write("stopping now\n")
                 return
             self.should_exit = True
