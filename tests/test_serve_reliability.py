@@ -276,3 +276,31 @@ def test_ctrl_c_says_it_drains_and_a_second_one_stops_quietly():
     assert "draining 1 open request(s) and streams; Ctrl-C again to stop now" in err
     assert "Traceback" not in err and "ERROR" not in err, err
     assert process.returncode == 130
+
+
+def test_64_mixed_requests_at_once_leave_a_server_that_answers_and_a_whole_pool(server):
+    """Valid streams and plain requests, bad bodies, clients that leave and one X-Request-ID for many."""
+    served, base = server
+    host, port = base.removeprefix("http://").split(":")
+    valid = {"model": NAME, "prompt": "the passkey is", "max_tokens": 6}
+
+    def one(i):
+        kind = i % 4
+        if kind == 0:
+            return len("".join(c.choices[0].text for c in client(base).completions.create(**valid, stream=True))) > 0
+        if kind == 1:
+            status, answer, _ = post(base, "/v1/completions", valid, {"X-Request-ID": "shared"})
+            return status == 200 and answer["usage"]["completion_tokens"] == 6
+        if kind == 2:
+            status, answer, _ = post(base, "/v1/completions", {**valid, "prompt": ["bad"] * (i % 3)})
+            return status == 400 and answer["error"]["param"] == "prompt"
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        connection.request("POST", "/v1/completions", json.dumps({**valid, "max_tokens": 500}), {})
+        time.sleep(0.2)
+        connection.sock.shutdown(socket.SHUT_RDWR)  # gone before its answer
+        connection.close()
+        return True
+
+    with ThreadPoolExecutor(64) as pool:
+        assert all(pool.map(one, range(64), timeout=120))
+    still_serving(served, base)
