@@ -218,3 +218,48 @@ def test_a_request_beyond_the_models_positions_is_refused(model):
                 manager.add_request(prompts([500])[0], max_new_tokens=20)
         finally:
             manager.stop(block=True)
+
+
+def test_an_empty_or_out_of_vocabulary_request_fails_alone_in_generate_batch(model):
+    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["mixed"])
+    good = prompts([20])[0]
+    with dr.apply(model, plan) as runtime:
+        want = alone(model, runtime, good)
+        got = model.generate_batch(
+            inputs=[[], good, [model.config.vocab_size + 3]],
+            generation_config=gen(),
+            continuous_batching_config=config(),
+        )
+    empty, kept, outside = got.values()
+    assert "the prompt is empty" in empty.error and empty.generated_tokens == []
+    assert "outside the vocabulary" in outside.error
+    assert kept.error is None and kept.generated_tokens == want
+
+
+def test_a_failed_forward_pass_fails_its_requests_and_the_worker_goes_on(model):
+    """A fault injected in the embedding for one marked prompt: that request fails, the next one runs."""
+    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["mixed"])
+    marker = 96
+
+    def fail_on_marker(_module, args):
+        if (args[0] == marker).all():
+            raise RuntimeError("injected fault")
+
+    with dr.apply(model, plan) as runtime:
+        good = [t for t in prompts([20])[0] if t != marker]
+        want = alone(model, runtime, good)
+        manager = model.init_continuous_batching(gen(), config())
+        manager.start()
+        hook = model.get_input_embeddings().register_forward_pre_hook(fail_on_marker)
+        try:
+            bad = manager.add_request([marker] * 3)
+            failed = manager.get_result(request_id=bad, timeout=30)
+            hook.remove()
+            assert failed is not None and "injected fault" in failed.error
+            rid = manager.add_request(good)
+            out = manager.get_result(request_id=rid, timeout=30)
+            assert out is not None and out.error is None and out.generated_tokens == want
+            assert manager.is_running() and manager.cache.free_sectors() == manager.cache.num_sectors
+        finally:
+            hook.remove()
+            manager.stop(block=True)

@@ -57,16 +57,30 @@ def serve_command(
     kv_bits: Annotated[
         int, typer.Option(help="Bits full heads store keys and values in: 16, 8 or 4 (KIVI codes below 16).")
     ] = 16,
+    max_request_size: Annotated[
+        str, typer.Option(help="Largest request body ('4MiB', '500kB'); a larger one gets a 413.")
+    ] = "4MiB",
 ):
     """Serve MODEL with a plan over transformers' OpenAI-compatible endpoints (/v1/chat/completions,
-    /v1/completions, streaming or not), continuous batching on duocal's paged cache. Prints the
-    address and the KV pool (bytes; requests of the model's context it holds vs plain attention)."""
+    /v1/completions, /v1/responses, streaming or not; /v1/models, /health), continuous batching on
+    duocal's paged cache. Prints the address and the KV pool (bytes; requests of the model's context
+    it holds vs plain attention). Errors are OpenAI-shaped JSON; Ctrl-C drains open requests, a second
+    Ctrl-C stops at once."""
     from duocal.serving.startup import listening_socket, prepare_server, run
 
     with user_errors():
         sock = listening_socket(host, port)  # a port in use fails before the model loads
         served, summary = prepare_server(
-            model, profile, sparsity, budget, kv_memory, num_blocks, max_batch_tokens, page_size, kv_bits
+            model,
+            profile,
+            sparsity,
+            budget,
+            kv_memory,
+            num_blocks,
+            max_batch_tokens,
+            page_size,
+            kv_bits,
+            max_request_size,
         )
     bound = sock.getsockname()[1]
     typer.echo(f"serving {served.name} at http://{host}:{bound}/v1 (chat/completions, completions; streaming)")
@@ -77,4 +91,6 @@ def serve_command(
         f"{served.runtime.plan.num_heads} KV heads bounded"
         + ("" if kv_bits == 16 else f", full heads in {kv_bits}-bit codes")
     )
-    run(served, sock)
+    if run(served, sock):
+        typer.echo("stopped", err=True)
+        raise typer.Exit(130)

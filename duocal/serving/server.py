@@ -1,24 +1,29 @@
-"""`duocal serve`: transformers' OpenAI-compatible server, continuous batching on, a plan applied.
+"""`duocal serve`'s app: transformers' OpenAI-compatible handlers behind routes of our own, a plan applied.
 
-The endpoints, handlers, streaming and request parsing are transformers' own (`transformers serve`,
-`transformers/cli/serving/`); what duocal adds: the model is loaded here, checked against the plan
-and served under one name (requests for another model get transformers' 400), its continuous
-batching runs on duocal's paged cache (`dr.apply` makes `model.init_continuous_batching` build it),
-the pool is made at start-up so its size is known before the first request, and requests the pool
-can never hold, or with a bad `max_tokens`, get a 400 that says why instead of a 500 or a hang.
+The handlers, streaming and tokenization are transformers' (`transformers/cli/serving/`); the app is
+ours, so it has only the routes we mean: POST `/v1/chat/completions`, `/v1/completions`,
+`/v1/responses`, GET `/v1/models` and `/health` (transformers' `/reset`, `/load_model`,
+`/v1/systemone`, `/v1/audio/transcriptions` and FastAPI's docs are 404). What duocal adds: the
+model is loaded here, checked against the plan and served under one name (another name: 400); its
+continuous batching runs on duocal's paged cache (`dr.apply` makes `model.init_continuous_batching`
+build it), made at start-up so its size is known before the first request; every body is read
+within a size limit and checked field by field before a handler sees it (request_checks.py); each
+request gets an id no other has and is cancelled if its client goes away (request_flow.py); every
+error is in OpenAI's shape (api_errors.py); `/health` is 503 once the batching worker is gone.
 
 Version-specific (transformers 5.24): `ModelManager.loaded_models` / `force_model`, `TimedModel`,
-`GenerationState.get_manager(...).init_cb(...)`, `build_server(...)`.
+`GenerationState.get_manager(...).init_cb(...)`, the handlers' `handle_request(body, request_id)`.
 """
 
-from __future__ import annotations
-
-import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
-MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+from .api_errors import ApiError, error_response, install_error_handlers
+from .request_checks import DEFAULT_MAX_REQUEST_BYTES, check_body, parse_body, read_body
+from .request_flow import request_id_for, run_while_connected
+
+CHAT_PATHS = ("/v1/chat/completions", "/v1/responses")
 
 
 @dataclass
@@ -31,35 +36,61 @@ class ServedModel:
     runtime: Any
 
 
-def error_response(status: int, message: str):
-    from fastapi.responses import JSONResponse
+async def answer(handler, body: dict, request_id: str):
+    """The handler's response; a chat template that refuses the messages is the client's error (400)."""
+    from jinja2.exceptions import TemplateError
 
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": "invalid_request_error"}})
-
-
-def check_max_tokens(body: Any) -> str | None:
-    """Why a request's token limit is unusable (None if it is fine); the pool check comes later."""
-    if not isinstance(body, dict):
-        return "the request body must be a JSON object"
-    for field in MAX_TOKEN_FIELDS:
-        value = body.get(field)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return f"{field} must be a positive integer, got {value!r:.40}"
-    return None
+    try:
+        return await handler.handle_request(body, request_id)
+    except TemplateError as err:
+        raise ApiError(400, f"the model's chat template refused the messages: {err}", param="messages") from None
 
 
-def build_app(model, tokenizer, runtime, name: str, cb_config) -> ServedModel:
-    """The FastAPI app of transformers' server for `model` (a plan already applied through `runtime`)."""
+def generation_route(path: str, handler, manager, chat_template: bool, name: str, max_bytes: int):
+    """The POST route for `path`: read and check the body, then run `handler` while the client is there."""
+    from fastapi import Request
+
+    async def route(request: Request):
+        body = parse_body(await read_body(request, max_bytes))
+        check_body(path, body)
+        if path in CHAT_PATHS and not chat_template:
+            raise ApiError(400, f"{name} has no chat template: send a prompt to /v1/completions instead")
+        request_id = request_id_for(request)
+        response = await run_while_connected(
+            request, answer(handler, body, request_id), lambda: manager.cancel_request(request_id)
+        )
+        response.headers["x-request-id"] = request_id
+        return response
+
+    return route
+
+
+def health_route(manager):
+    def health():
+        fatal = manager.background_thread_status.fatal_error
+        if fatal is not None or not manager.is_running():
+            why = f": {fatal}" if fatal is not None else ""
+            return error_response(503, f"the batching worker is not running{why}", code="worker_dead")
+        return {"status": "ok"}
+
+    return health
+
+
+def models_route(name: str):
+    listing = {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()), "owned_by": ""}]}
+    return lambda: listing
+
+
+def build_app(
+    model, tokenizer, runtime, name: str, cb_config, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+) -> ServedModel:
+    """The app serving `model` (a plan already applied through `runtime`) on transformers' handlers."""
+    from fastapi import FastAPI
     from transformers.cli.serving.chat_completion import ChatCompletionHandler
     from transformers.cli.serving.completion import CompletionHandler
     from transformers.cli.serving.model_manager import ModelManager, TimedModel
     from transformers.cli.serving.response import ResponseHandler
-    from transformers.cli.serving.server import build_server
-    from transformers.cli.serving.systemone import SystemOneHandler
-    from transformers.cli.serving.transcription import TranscriptionHandler
-    from transformers.cli.serving.utils import GenerationState
+    from transformers.cli.serving.utils import CBWorkerDeadError, GenerationState
 
     from duocal_runtime.paged.manager import PlanRequestError
 
@@ -70,30 +101,19 @@ def build_app(model, tokenizer, runtime, name: str, cb_config) -> ServedModel:
     state = GenerationState(continuous_batching=True, cb_config=cb_config)
     batching = state.get_manager(key, use_cb=True)
     batching.init_cb(model, model.generation_config)  # the pool is made now, with the model's sampling settings
-    handlers = dict(
-        completion_handler=CompletionHandler(models, state),
-        response_handler=ResponseHandler(models, state),
-        transcription_handler=TranscriptionHandler(models, state),
-        systemone_handler=SystemOneHandler(models, state),
-    )
-    app = build_server(models, ChatCompletionHandler(models, state), generation_state=state, **handlers)
-
-    @app.middleware("http")
-    async def refuse_bad_limits(request, call_next):
-        if request.method == "POST" and request.url.path in GENERATION_PATHS:
-            try:
-                body = json.loads(await request.body() or b"null")
-            except (ValueError, UnicodeDecodeError) as err:
-                return error_response(400, f"the request body is not valid JSON: {err}")
-            problem = check_max_tokens(body)
-            if problem is None and request.url.path == "/v1/chat/completions" and not tokenizer.chat_template:
-                problem = f"{name} has no chat template: send a prompt to /v1/completions instead"
-            if problem is not None:
-                return error_response(400, problem)
-        return await call_next(request)
-
-    @app.exception_handler(PlanRequestError)
-    async def refuse_what_cannot_fit(_request, exc):
-        return error_response(400, str(exc))
-
-    return ServedModel(app, name, batching._cb, runtime)
+    manager = batching._cb
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app, PlanRequestError, CBWorkerDeadError)
+    handlers = {
+        "/v1/chat/completions": ChatCompletionHandler(models, state),
+        "/v1/completions": CompletionHandler(models, state),
+        "/v1/responses": ResponseHandler(models, state),
+    }
+    template = bool(tokenizer.chat_template)
+    for path, handler in handlers.items():
+        app.add_api_route(
+            path, generation_route(path, handler, manager, template, name, max_request_bytes), methods=["POST"]
+        )
+    app.add_api_route("/v1/models", models_route(name), methods=["GET"])
+    app.add_api_route("/health", health_route(manager), methods=["GET"])
+    return ServedModel(app, name, manager, runtime)

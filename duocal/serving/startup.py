@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import signal
 import socket
+import sys
 
+from .request_checks import DEFAULT_MAX_REQUEST_BYTES
 from .server import ServedModel, build_app
 
 MAX_DEFAULT_BATCH_TOKENS = 8192
@@ -43,7 +47,32 @@ def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_
     return max(1, int(budget.amount // block))
 
 
-def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_batch_tokens, page_size, kv_bits=16):
+def request_bytes(size: str | int | None) -> int:
+    """`--max-request-size` ('4MiB', '500kB' or bytes) in bytes; None: the default (4 MiB)."""
+    from duocal_runtime.planning.budget import Budget
+
+    if size is None:
+        return DEFAULT_MAX_REQUEST_BYTES
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+        return size
+    budget = Budget.parse(str(size))
+    if budget.unit != "bytes" or budget.amount < 1:
+        raise ValueError(f"--max-request-size takes a positive size in bytes ('4MiB', '500kB'), got {size!r}")
+    return int(budget.amount)
+
+
+def prepare_server(
+    model,
+    profile,
+    sparsity,
+    budget,
+    kv_memory,
+    num_blocks,
+    max_batch_tokens,
+    page_size,
+    kv_bits=16,
+    max_request_size: str | int | None = None,
+):
     """Load, plan, apply and build the app; (ServedModel, pool summary). Every check comes before the pool.
     `page_size` None: 16 tokens, or the least multiple of 16 that holds whole groups of codes."""
     import torch
@@ -60,6 +89,7 @@ def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_
         raise ValueError(f"--max-batch-tokens must be a positive number of tokens, got {max_batch_tokens}")
     if page_size is not None and page_size < 4:
         raise ValueError(f"--page-size must be at least 4 tokens, got {page_size}")
+    max_bytes = request_bytes(max_request_size)
     ref = ModelRef.resolve(model)
     chosen = profile or ref.default_profile
     if chosen is None:
@@ -86,17 +116,44 @@ def prepare_server(model, profile, sparsity, budget, kv_memory, num_blocks, max_
         num_blocks=blocks,
         max_batch_tokens=max_batch_tokens or min(context, MAX_DEFAULT_BATCH_TOKENS),
     )
-    served = build_app(lm, ref.load_tokenizer(), runtime, ref.name, cb_config)
+    served = build_app(lm, ref.load_tokenizer(), runtime, ref.name, cb_config, max_bytes)
     return served, pool_summary(served.manager.cache, context, page_size)
 
 
-def run(served: ServedModel, sock: socket.socket) -> None:
-    """Serve on `sock` (see `listening_socket`) until interrupted, then stop batching and remove the plan."""
+def draining_server(config):
+    """A uvicorn server whose first Ctrl-C says how many requests it lets finish (uvicorn waits for
+    them silently) and whose second stops at once, without the traceback of a re-raised interrupt."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(served.app, log_level="warning"))
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+                logging.getLogger("uvicorn.error").disabled = True  # the cancelled streams' tracebacks
+                sys.stderr.write("stopping now\n")
+                return
+            self.should_exit = True
+            open_requests = len(self.server_state.tasks)
+            if sig == signal.SIGINT:
+                self.interrupted = True
+            if open_requests:
+                sys.stderr.write(f"draining {open_requests} open request(s) and streams; Ctrl-C again to stop now\n")
+            sys.stderr.flush()
+
+    server = DrainingServer(config)
+    server.interrupted = False
+    return server
+
+
+def run(served: ServedModel, sock: socket.socket) -> bool:
+    """Serve on `sock` (see `listening_socket`) until interrupted, then stop batching and remove the plan.
+    True if it was Ctrl-C that stopped it."""
+    import uvicorn
+
+    server = draining_server(uvicorn.Config(served.app, log_level="warning"))
     try:
         server.run(sockets=[sock])
     finally:
-        served.manager.stop(block=True, hard_stop=True)
+        served.manager.stop(block=True, hard_stop=True, timeout=10)
         served.runtime.remove()
+    return server.interrupted

@@ -5,7 +5,10 @@ sampling, with `DuoPagedCache` as its cache and the runtime's attention function
 `model.init_continuous_batching` and `model.generate_batch` reach it (the model instance's own
 attribute, removed by `remove()`; nothing global changes). Version-specific (transformers 5.24):
 `switch_to_cb_friendly_attn` (it refuses attention names it does not know) and
-`_create_batch_processor` (it builds the cache itself) are overridden.
+`_create_batch_processor` (it builds the cache itself) are overridden, and so are the parts that let one
+request harm others: `add_requests` (the first refused request lost the whole `generate_batch`),
+`cancel_request` (a cancelled request's result handler was never removed) and the loop body (a failed
+forward pass killed the worker for good; here it fails the requests of that batch only).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from transformers.generation.continuous_batching.continuous_api import (
     FIFOScheduler,
     update_cb_config_after_cache_creation,
 )
+from transformers.generation.continuous_batching.requests import RequestState
 
 from .paged_cache import DuoPagedCache
 
@@ -36,6 +40,10 @@ FORCED_OFF = {
 
 class PlanRequestError(ValueError):
     """A request this pool can never serve (too long for it, or for one prefill pass of an H2O plan)."""
+
+
+class _BatchFailed(Exception):
+    """A forward pass failed: its requests fail, the worker goes on (raised from `_generation_step`)."""
 
 
 class DuoBatchingManager(ContinuousBatchingManager):
@@ -73,10 +81,49 @@ class DuoBatchingManager(ContinuousBatchingManager):
         super().start()
 
     def add_request(self, input_ids, request_id=None, max_new_tokens=None, *args, **kwargs):
-        self.check_request(
-            len(input_ids), self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
-        )
+        try:
+            self.check_tokens(input_ids)
+            self.check_request(
+                len(input_ids), self.generation_config.max_new_tokens if max_new_tokens is None else max_new_tokens
+            )
+        except PlanRequestError:
+            self.forget_handler(request_id)  # a handler registered before a refused request would never be called
+            raise
         return super().add_request(input_ids, request_id, max_new_tokens, *args, **kwargs)
+
+    def add_requests(self, inputs, max_new_tokens=None, streaming=False, record_timestamps=False, **kwargs):
+        """As transformers' (ids `req_N`, in order), but a refused request fails alone: its output carries the
+        error and the others run (transformers stops at the first, and `generate_batch` loses them all)."""
+        with self._request_lock:
+            first, self._request_counter = self._request_counter, self._request_counter + len(inputs)
+        eos = self.generation_config.eos_token_id
+        eos = self.model.config.eos_token_id if eos is None else eos
+        ids = [f"req_{first + i}" for i in range(len(inputs))]
+        for request_id, input_ids in zip(ids, inputs):
+            try:
+                self.add_request(input_ids, request_id, max_new_tokens, streaming, record_timestamps, eos, **kwargs)
+            except PlanRequestError as error:
+                self.output_router.fail_and_deliver(RequestState(request_id, list(input_ids)), error)
+        return ids
+
+    def cancel_request(self, request_id: str) -> None:
+        """Cancel it and drop its result handler (a cancelled request never delivers the output that would)."""
+        super().cancel_request(request_id)
+        self.forget_handler(request_id)
+
+    def forget_handler(self, request_id) -> None:
+        with self.output_router._lock:
+            self.output_router.result_handlers.pop(request_id, None)
+
+    def check_tokens(self, input_ids) -> None:
+        """Refuse an empty prompt (its pass would fail every request batched with it) and ids outside the
+        vocabulary (an index error on CPU, a device-side assert that ends the process on CUDA)."""
+        if len(input_ids) == 0:
+            raise PlanRequestError("the prompt is empty: send at least one token")
+        vocab = self.model.config.get_text_config().vocab_size
+        low, high = min(input_ids), max(input_ids)
+        if low < 0 or high >= vocab:
+            raise PlanRequestError(f"token id {low if low < 0 else high} is outside the vocabulary (0-{vocab - 1})")
 
     def check_request(self, prompt: int, new_tokens: int) -> None:
         """Refuse at once (not by starving in the queue) a request this pool can never hold."""
@@ -98,6 +145,21 @@ class DuoBatchingManager(ContinuousBatchingManager):
                 f"a prompt of {prompt} tokens is longer than max_batch_tokens ({cache.max_batch_tokens}): this plan's "
                 "H2O heads prefill a prompt in one pass; raise max_batch_tokens or send a shorter prompt"
             )
+
+    def _generation_step(self) -> None:
+        try:
+            super()._generation_step()
+        except Exception as error:
+            raise _BatchFailed(error) from error
+
+    def _generation_loop_body(self, batch_processor: ContinuousBatchProcessor, bootstrapping: bool) -> bool:
+        try:
+            return super()._generation_loop_body(batch_processor, bootstrapping)
+        except _BatchFailed as failed:
+            logger.error("duocal: a forward pass failed; its requests fail, the others go on", exc_info=failed)
+            batch_processor.cache.abandon_pass()
+            batch_processor.handle_batch_error(failed.__cause__)
+            return True
 
     def _create_batch_processor(self) -> ContinuousBatchProcessor:
         if isinstance(self.batch_processor, ContinuousBatchProcessor):

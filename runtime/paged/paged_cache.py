@@ -190,6 +190,10 @@ class DuoPagedCache(PagedAttentionCache):
         self._pending.append((request_id, past_length, query_length))
         super().extend_read_and_write_indices(request_id, past_length, query_length, read_index, write_index)
 
+    def abandon_pass(self) -> None:
+        """A forward pass failed before (or while) reading its requests: the next pass starts clean."""
+        self._pending = []
+
     def _begin_step(self, device, kwargs: dict) -> PagedStep:
         pending, self._pending = self._pending, []
         ids = [rid for rid, _, _ in pending]
