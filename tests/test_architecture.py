@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = {"duocal": REPO / "duocal", "duocal_runtime": REPO / "runtime"}
+PACKAGES = {"duocal": REPO / "duocal", "duocal_runtime": REPO / "runtime", "duocal_vllm": REPO / "vllm_plugin"}
 MAX_LINES = 300
 
 
@@ -196,7 +196,7 @@ def test_readme_layout_table_names_the_tree():
     readme = (REPO / "README.md").read_text()
     table = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)/` \|[^|]*\|(.*)\|\s*$", table, re.M)}
-    for folder in ("runtime", "duocal"):
+    for folder in ("runtime", "duocal", "vllm_plugin"):
         named = set(re.findall(r"`(\w+\.py|\w+/)`", rows[folder]))
         top = {p.name for p in (REPO / folder).glob("*.py") if p.name != "__init__.py"}
         top |= {p.name + "/" for p in (REPO / folder).iterdir() if (p / "__init__.py").is_file()}
