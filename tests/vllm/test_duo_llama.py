@@ -4,6 +4,8 @@ and a profile of another model or a plan with H2O heads is refused with a messag
 
 import json
 
+from duocal_runtime.model_shape import ModelShape
+
 from conftest import PROFILE, duo_overrides, kv_cache_tokens, run_vllm
 
 
@@ -44,7 +46,7 @@ def test_the_profile_and_sparsity_can_come_from_the_environment(model_folder, re
 
 def test_a_profile_of_another_model_is_refused_naming_both_shapes(model_folder, tmp_path):
     data = json.loads(PROFILE.read_text())
-    data["model"].update(num_hidden_layers=28, fingerprint=None, name_or_path="another-model")
+    data["model"].update(num_hidden_layers=28, fingerprint=ModelShape(28, 9, 3, 64).fingerprint, name_or_path="another")
     data["scores"] = data["scores"][:28]
     data.pop("measurements", None)
     wrong = tmp_path / "wrong.json"
