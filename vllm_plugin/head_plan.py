@@ -1,0 +1,103 @@
+"""Which duocal plan a vLLM model runs, and its per-layer head table.
+
+Settings, first found wins: the model config's ``duocal_*`` keys (pass them with
+``hf_overrides={"duocal_profile": PATH, "duocal_sparsity": 0.5}``), then the ``DUOCAL_PROFILE`` /
+``DUOCAL_SPARSITY`` / ``DUOCAL_POLICY`` / ``DUOCAL_SINK`` / ``DUOCAL_RECENT`` environment variables.
+Without a sparsity the profile's deploy sparsity is used; sparsity 0 is an all-full plan.
+
+Only ``duocal_runtime``'s profile, planning and policy modules are imported: no transformers and
+no duocal runtime cache code, so this runs next to vLLM's own transformers pin. H2O-family heads need
+attention scores at run time, which vLLM's kernels do not return: a plan with any is refused, naming them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+SETTINGS = ("profile", "sparsity", "policy", "sink", "recent")
+ENV_PREFIX = "DUOCAL_"
+CONFIG_PREFIX = "duocal_"
+
+
+class DuoVllmError(ValueError):
+    """A duocal profile or plan that this vLLM model cannot run."""
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """One KV head's policy as vLLM runs it: `sink` / `recent` are None for a full head."""
+
+    kv_head: int
+    sink: int | None = None
+    recent: int | None = None
+
+    @property
+    def is_full(self) -> bool:
+        return self.sink is None
+
+
+def settings_of(config: Any, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The duocal settings of a model config (``duocal_*`` attributes) over the environment."""
+    environ = os.environ if environ is None else environ
+    found = {}
+    for name in SETTINGS:
+        value = getattr(config, CONFIG_PREFIX + name, None)
+        if value is None:
+            value = environ.get(ENV_PREFIX + name.upper())
+        if value not in (None, ""):
+            found[name] = str(value)
+    return found
+
+
+def make_plan(config: Any, settings: dict[str, str]):
+    """The duocal `Plan` for a model with transformers-style `config`, from `settings`."""
+    from duocal_runtime.errors import PlanError, ProfileError
+    from duocal_runtime.fetching.loading import load_profile
+    from duocal_runtime.planning.plan import plan
+
+    if "profile" not in settings:
+        raise DuoVllmError(
+            "no duocal profile: pass hf_overrides={'duocal_profile': PATH} or set DUOCAL_PROFILE "
+            "(a profile JSON file, a pattern folder or a prebuilt name)"
+        )
+    try:
+        profile = load_profile(settings["profile"], offline=True)
+        profile.check_compatible(config)
+        numbers = {k: int(settings[k]) for k in ("sink", "recent") if k in settings}
+        sparsity = float(settings["sparsity"]) if "sparsity" in settings else None
+        if sparsity == 0:
+            return plan(profile, sparsity=0.0)
+        return plan(profile, sparsity=sparsity, policy=settings.get("policy"), **numbers)
+    except (ProfileError, PlanError) as err:
+        raise DuoVllmError(f"duocal profile {settings['profile']!r}: {err}") from err
+
+
+def head_table(plan, block_size: int) -> list[list[HeadSpec]]:
+    """Per layer, per KV head: what vLLM runs. Refuses policies other than full and sink_window."""
+    table, refused = [], []
+    for layer, row in enumerate(plan.policies):
+        specs = []
+        for head, policy in enumerate(row):
+            if policy.name == "full" and getattr(policy, "kv_bits", 16) == 16:
+                specs.append(HeadSpec(head))
+            elif policy.name == "sink_window":
+                specs.append(HeadSpec(head, policy.sink, policy.recent))
+            else:
+                refused.append(f"layer {layer} head {head} ({policy.name})")
+        table.append(specs)
+    if refused:
+        shown = ", ".join(refused[:8]) + (f" and {len(refused) - 8} more" if len(refused) > 8 else "")
+        raise DuoVllmError(
+            f"duocal on vLLM runs only full and sink_window heads; this plan has {len(refused)} other heads: "
+            f"{shown}. H2O-family heads need attention scores that vLLM's kernels do not return: plan with "
+            "policy='sink_window' (DUOCAL_POLICY=sink_window)"
+        )
+    del block_size
+    return table
+
+
+def load_head_table(config: Any, block_size: int, environ: dict[str, str] | None = None) -> list[list[HeadSpec]]:
+    """Settings -> profile -> plan -> head table, for the model with `config`."""
+    return head_table(make_plan(config, settings_of(config, environ)), block_size)

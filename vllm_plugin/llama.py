@@ -1,0 +1,126 @@
+"""`DuoLlamaForCausalLM`: vLLM's Llama with one attention module per KV head, each with its plan's policy.
+
+A full head is a stock vLLM `Attention` (its query group, one KV head, `FullAttentionSpec`); a
+sink_window head is a `SinkWindowAttention` (sink_window_spec.py, sink_window_backend.py). The
+projections, RoPE, MLP, weights and weight loading are vLLM's Llama ones: only the attention module
+of each decoder layer changes (vLLM's `LlamaDecoderLayer` takes `attn_layer_type`). Per-head modules
+are named ``attn_kv_<letters>`` because vLLM reads the layer index as the only number in a name.
+Tensor parallelism is not supported (one rank holds every KV head).
+"""
+
+from __future__ import annotations
+
+import functools
+import string
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from vllm.model_executor.models.utils import extract_layer_index
+from vllm.v1.kv_cache_interface import get_kv_quant_mode
+
+from .head_plan import HeadSpec, load_head_table
+from .sink_window_backend import SinkWindowCPUBackend
+from .sink_window_spec import SinkWindowSpec
+
+
+def head_name(kv_head: int) -> str:
+    """``a``, ``b``, ..., ``z``, ``ba``, ...: a per-head suffix without digits."""
+    letters, n = "", kv_head
+    while True:
+        letters = string.ascii_lowercase[n % 26] + letters
+        n //= 26
+        if n == 0:
+            return letters
+
+
+class SinkWindowAttention(Attention):
+    """One streaming KV head: attends to the first `sink` and the last `recent` tokens, and reports a
+    `SinkWindowSpec` so that vLLM's KV cache manager frees the blocks in between."""
+
+    def __init__(self, *args, sink: int, recent: int, **kwargs) -> None:
+        super().__init__(*args, per_layer_sliding_window=recent, attn_backend=SinkWindowCPUBackend, **kwargs)
+        self.sink = sink
+        self.impl.sink = sink
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> SinkWindowSpec:
+        return SinkWindowSpec(
+            block_size=vllm_config.cache_config.block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            head_size_v=self.head_size_v,
+            dtype=self.kv_cache_torch_dtype,
+            kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype),
+            sliding_window=self.sliding_window,
+            sink=self.sink,
+        )
+
+
+class DuoLlamaAttention(nn.Module):
+    """Llama attention (vLLM's projections and RoPE) with one attention module per KV head."""
+
+    def __init__(self, *, config, hidden_size, num_heads, num_kv_heads, max_position_embeddings=8192,
+                 quant_config=None, bias=False, bias_o_proj=False, cache_config=None, prefix="",
+                 attn_type=None, head_table=None) -> None:  # fmt: skip
+        super().__init__()
+        if get_tensor_model_parallel_world_size() != 1:
+            raise NotImplementedError("duocal_vllm runs on one tensor-parallel rank")
+        del attn_type
+        self.head_dim = getattr(config, "head_dim", None) or hidden_size // num_heads
+        self.group = num_heads // num_kv_heads
+        self.q_size, self.kv_size = num_heads * self.head_dim, num_kv_heads * self.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size, self.head_dim, num_heads, num_kv_heads, bias=bias, quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
+        )  # fmt: skip
+        self.o_proj = RowParallelLinear(
+            num_heads * self.head_dim, hidden_size, bias=bias_o_proj, quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
+        )  # fmt: skip
+        self.rotary_emb = get_rope(
+            self.head_dim, max_position=max_position_embeddings,
+            rope_parameters=getattr(config, "rope_parameters", None), is_neox_style=True,
+        )  # fmt: skip
+        specs: list[HeadSpec] = head_table[extract_layer_index(prefix)]
+        self.heads = nn.ModuleList(self._head(spec, cache_config, quant_config, prefix) for spec in specs)
+
+    def _head(self, spec: HeadSpec, cache_config, quant_config, prefix: str) -> Attention:
+        args = (self.group, self.head_dim, self.head_dim**-0.5)
+        kwargs = dict(num_kv_heads=1, cache_config=cache_config, quant_config=quant_config)
+        name = f"{prefix}.attn_kv_{head_name(spec.kv_head)}"
+        if spec.is_full:
+            return Attention(*args, prefix=name, **kwargs)
+        return SinkWindowAttention(*args, sink=spec.sink, recent=spec.recent, prefix=name, **kwargs)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        qs = q.split(self.group * self.head_dim, dim=-1)
+        ks, vs = k.split(self.head_dim, dim=-1), v.split(self.head_dim, dim=-1)
+        out = torch.cat([head(qh, kh, vh) for head, qh, kh, vh in zip(self.heads, qs, ks, vs)], dim=-1)
+        output, _ = self.o_proj(out)
+        return output
+
+
+class DuoLlamaDecoderLayer(LlamaDecoderLayer):
+    """vLLM's Llama decoder layer with `DuoLlamaAttention`."""
+
+    def __init__(self, vllm_config: VllmConfig, prefix: str = "", config=None, head_table=None) -> None:
+        attn = functools.partial(DuoLlamaAttention, head_table=head_table)
+        super().__init__(vllm_config, prefix=prefix, config=config, attn_layer_type=attn)
+
+
+class DuoLlamaForCausalLM(LlamaForCausalLM):
+    """vLLM's `LlamaForCausalLM` running a duocal plan (settings: head_plan.py)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        config = vllm_config.model_config.hf_config
+        table = load_head_table(config, vllm_config.cache_config.block_size)
+        layer = functools.partial(DuoLlamaDecoderLayer, head_table=table)
+        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer)

@@ -1,0 +1,94 @@
+"""Attention of a streaming head over vLLM's paged CPU cache: the first `sink` tokens plus the last `recent`.
+
+`SinkWindowCPUBackend` is vLLM's CPU attention backend with another implementation class: the KV
+cache write (`do_kv_cache_update`), the metadata builder and the cache layout are the CPU backend's.
+Attention itself cannot be two kernel calls merged (sink blocks + window blocks), because the CPU
+kernel returns no log-sum-exp; so each request gathers only the keys it can see (sinks, then the
+window of its first query up to its last) from its block table and runs one masked sdpa: a query at
+position p sees key positions < `sink` and in (p - `recent`, p], as duocal's `SinkWindow.sees`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from vllm import _custom_ops as ops
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+
+
+@functools.lru_cache(maxsize=None)
+def page_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the CPU kernel stores token t, channel d of one (block, KV head) page of 2 * block_size *
+    head_size elements: (key offsets, value offsets), each [block_size, head_size]."""
+    found = []
+    for code in (lambda t, d: t + 1, lambda t, d: d + 1):  # small integers: exact in bf16 too
+        t, d = torch.meshgrid(torch.arange(block_size), torch.arange(head_size), indexing="ij")
+        written = code(t, d).to(dtype)[:, None, :]
+        page = torch.zeros(1, 1, 2 * block_size, head_size, dtype=dtype)
+        key_cache, value_cache = page.chunk(2, dim=2)
+        ops.cpu_attn_reshape_and_cache(
+            written, -written, key_cache, value_cache, torch.arange(block_size), isa,
+            k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto",
+        )  # fmt: skip
+        found.append(page.flatten().float())
+    token, channel = found
+    offsets = []
+    for sign in (1, -1):
+        index = torch.full((block_size, head_size), -1, dtype=torch.long)
+        where = (token * sign > 0).nonzero().flatten()
+        index[(token[where] * sign - 1).long(), (channel[where] * sign - 1).long()] = where
+        if (index < 0).any() or index.unique().numel() != index.numel():
+            raise NotImplementedError(f"CPU attention page layout of isa {isa!r} is not a per-block permutation")
+        offsets.append(index)
+    return offsets[0], offsets[1]
+
+
+class SinkWindowCPUImpl(CPUAttentionBackendImpl):
+    """CPU attention with a sink + window mask; `sliding_window` is `recent`, `sink` comes from the layer."""
+
+    sink: int = 0
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
+        if attn_metadata is None:  # warm-up
+            return output
+        num_blocks, num_kv_heads, block_size, _ = kv_cache.size()
+        pages = kv_cache.view(num_blocks, num_kv_heads, -1).transpose(0, 1)  # [Hkv, blocks, 2 * block_size * D]
+        layout = page_layout(layer.isa, block_size, self.head_size, kv_cache.dtype)
+        starts = attn_metadata.query_start_loc.tolist()
+        seq_lens = attn_metadata.seq_lens.tolist()
+        for r, seq_len in enumerate(seq_lens):
+            q0, q1 = starts[r], starts[r + 1]
+            if q1 == q0:
+                continue
+            out = self._attend(query[q0:q1], pages, layout, attn_metadata.block_table[r], seq_len, block_size)
+            output[q0:q1] = out.to(output.dtype)
+        return output
+
+    def _attend(self, q, pages, layout, blocks, seq_len: int, block_size: int) -> torch.Tensor:
+        """q [n, H, D] for the last n positions of a sequence of `seq_len` -> [n, H, D]."""
+        n, recent = q.shape[0], self.sliding_window
+        q_pos = torch.arange(seq_len - n, seq_len)
+        window_start = max(0, seq_len - n - recent + 1)
+        k_pos = torch.cat([torch.arange(min(self.sink, window_start)), torch.arange(window_start, seq_len)])
+        slots = blocks[k_pos // block_size].long()[:, None]
+        offsets = k_pos % block_size
+        keys = pages[:, slots, layout[0][offsets]]  # [Hkv, S, D]
+        values = pages[:, slots, layout[1][offsets]]
+        visible = (k_pos[None, :] <= q_pos[:, None]) & (
+            (k_pos[None, :] < self.sink) | (k_pos[None, :] > q_pos[:, None] - recent)
+        )
+        heads, kv_heads = q.shape[1], keys.shape[0]
+        keys = keys.repeat_interleave(heads // kv_heads, dim=0).to(q.dtype)
+        values = values.repeat_interleave(heads // kv_heads, dim=0).to(q.dtype)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=visible, scale=self.scale)
+        return out.transpose(0, 1)
+
+
+class SinkWindowCPUBackend(CPUAttentionBackend):
+    """vLLM's CPU backend with `SinkWindowCPUImpl`."""
+
+    @staticmethod
+    def get_impl_cls() -> type[SinkWindowCPUImpl]:
+        return SinkWindowCPUImpl
