@@ -46,7 +46,7 @@ def test_refusals_say_why():
         load_head_table(config(), 128, {})
     with pytest.raises(DuoVllmError, match="profile is for 30 layers x 3 KV heads.*has 28 layers"):
         load_head_table(SimpleNamespace(**{**SMOLLM2, "num_hidden_layers": 28}, duocal_profile=str(PROFILE)), 128, {})
-    with pytest.raises(DuoVllmError, match=r"45 other heads: layer 3 head 0 \(h2o\)"):
+    with pytest.raises(DuoVllmError, match=r"45 other heads: layer 1 head 0 \(h2o\)"):
         load_head_table(config(profile=str(PROFILE), sparsity=0.5, policy="h2o"), 128, {})
 
 
