@@ -18,10 +18,10 @@ import torch
 import uvicorn
 
 import duocal_runtime as dr
-from duocal.serving.startup import listening_socket, prepare_server
+from duocal.serving.startup import ServeSettings, listening_socket, prepare_server
 from duocal_runtime.paged.coded_pages import coded_policies, page_size_for
 
-from helpers import random_profile
+from helpers import pool_is_whole, random_profile
 
 NAME = "duocal/demo-model"
 
@@ -29,7 +29,7 @@ NAME = "duocal/demo-model"
 @pytest.fixture(scope="module")
 def server():
     """The demo model and its shipped profile, served in this process (so the test sees the pool)."""
-    served, summary = prepare_server(None, None, 0.5, None, None, 128, 2048, 16)
+    served, summary = prepare_server(ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, page_size=16))
     sock = listening_socket("127.0.0.1", 0)
     app = uvicorn.Server(uvicorn.Config(served.app, log_level="warning"))
     thread = threading.Thread(target=app.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -56,15 +56,6 @@ def post(base, path, body: bytes) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
-
-
-def pool_is_whole(served, seconds=20) -> bool:
-    cache, deadline = served.manager.cache, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        if cache.free_sectors() == cache.num_sectors:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_64_concurrent_streams_all_complete_once(server):
@@ -164,7 +155,7 @@ def test_the_pool_summary_counts_requests_the_scheduler_can_admit(server):
 
 def test_a_coded_plan_is_served_on_pages_of_whole_code_groups(server):
     _, plain_summary, _ = server
-    served, summary = prepare_server(None, None, 0.5, None, None, 128, 2048, None, kv_bits=4)
+    served, summary = prepare_server(ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, kv_bits=4))
     try:
         cache, runtime = served.manager.cache, served.runtime
         page = cache.cache_allocators["full_attention"].tokens_per_page
@@ -195,7 +186,7 @@ def test_bad_code_options_fail_before_the_weights_load(options, message, monkeyp
     monkeypatch.setattr(ModelRef, "load_model", lambda self: pytest.fail("the weights loaded before the check"))
     page = options.pop("page_size", None)
     with pytest.raises(dr.PlanError, match=message):
-        prepare_server(None, None, 0.5, None, None, 128, 2048, page, **options)
+        prepare_server(ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, page_size=page, **options))
 
 
 def test_the_default_page_holds_whole_code_groups():

@@ -17,8 +17,10 @@ import openai
 import pytest
 import uvicorn
 
-from duocal.serving.startup import listening_socket, prepare_server
+from duocal.serving.startup import ServeSettings, listening_socket, prepare_server
 from duocal_runtime.paged.manager import PlanRequestError
+
+from helpers import pool_is_whole
 
 NAME = "duocal/demo-model"
 LIMIT = 64 * 1024
@@ -27,7 +29,9 @@ LIMIT = 64 * 1024
 @pytest.fixture(scope="module")
 def server():
     """The demo model served in this process with a 64 kB body limit; stopped within 30 s whatever happens."""
-    served, _ = prepare_server(None, None, 0.5, None, None, 128, 2048, 16, max_request_size=LIMIT)
+    served, _ = prepare_server(
+        ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, page_size=16, max_request_size=LIMIT)
+    )
     sock = listening_socket("127.0.0.1", 0)
     app = uvicorn.Server(uvicorn.Config(served.app, log_level="critical"))
     thread = threading.Thread(target=app.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -46,15 +50,6 @@ def server():
 
 def client(base):
     return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
-
-
-def pool_is_whole(served, seconds=20) -> bool:
-    cache, deadline = served.manager.cache, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        if cache.free_sectors() == cache.num_sectors:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def nested(levels: int):
@@ -151,7 +146,7 @@ def test_only_the_routes_we_mean_exist(server, method, path, status):
 def test_health_is_503_once_the_worker_is_gone():
     from starlette.testclient import TestClient
 
-    served, _ = prepare_server(None, None, 0.5, None, None, 32, 256, 16)
+    served, _ = prepare_server(ServeSettings(sparsity=0.5, num_blocks=32, max_batch_tokens=256, page_size=16))
     try:
         with TestClient(served.app) as http:
             assert http.get("/health").status_code == 200

@@ -66,22 +66,12 @@ def serve_command(
     duocal's paged cache. Prints the address and the KV pool (bytes; requests of the model's context
     it holds vs plain attention). Errors are OpenAI-shaped JSON; Ctrl-C drains open requests, a second
     Ctrl-C stops at once."""
-    from duocal.serving.startup import listening_socket, prepare_server, run
+    from duocal.serving.startup import SERVE_FIELDS, ServeSettings, listening_socket, prepare_server, run
 
     with user_errors():
         sock = listening_socket(host, port)  # a port in use fails before the model loads
-        served, summary = prepare_server(
-            model,
-            profile,
-            sparsity,
-            budget,
-            kv_memory,
-            num_blocks,
-            max_batch_tokens,
-            page_size,
-            kv_bits,
-            max_request_size,
-        )
+        options = {name: value for name, value in locals().items() if name in SERVE_FIELDS}
+        served, summary = prepare_server(ServeSettings(**options))
     bound = sock.getsockname()[1]
     typer.echo(f"serving {served.name} at http://{host}:{bound}/v1 (chat/completions, completions; streaming)")
     typer.echo(

@@ -6,6 +6,7 @@ import logging
 import signal
 import socket
 import sys
+from dataclasses import dataclass
 
 from .request_checks import DEFAULT_MAX_REQUEST_BYTES
 from .server import ServedModel, build_app
@@ -61,20 +62,27 @@ def request_bytes(size: str | int | None) -> int:
     return int(budget.amount)
 
 
-def prepare_server(
-    model,
-    profile,
-    sparsity,
-    budget,
-    kv_memory,
-    num_blocks,
-    max_batch_tokens,
-    page_size,
-    kv_bits=16,
-    max_request_size: str | int | None = None,
-):
-    """Load, plan, apply and build the app; (ServedModel, pool summary). Every check comes before the pool.
-    `page_size` None: 16 tokens, or the least multiple of 16 that holds whole groups of codes."""
+@dataclass(frozen=True)
+class ServeSettings:
+    """What `duocal serve` was asked for (None: the default; see `duocal serve --help`)."""
+
+    model: str | None = None  # a folder, a .gguf file or a known name; None: the demo model
+    profile: str | None = None  # None: the model's shipped profile
+    sparsity: float | None = None  # or `budget`, not both
+    budget: str | None = None
+    kv_memory: str | None = None  # or `num_blocks`
+    num_blocks: int | None = None
+    max_batch_tokens: int | None = None  # None: the model's context, at most MAX_DEFAULT_BATCH_TOKENS
+    page_size: int | None = None  # None: 16 tokens, or the least multiple of 16 that holds whole code groups
+    kv_bits: int = 16
+    max_request_size: str | int | None = None  # None: DEFAULT_MAX_REQUEST_BYTES
+
+
+SERVE_FIELDS = frozenset(ServeSettings.__dataclass_fields__)  # `duocal serve`'s options of the same names
+
+
+def prepare_server(settings: ServeSettings):
+    """Load, plan, apply and build the app; (ServedModel, pool summary). Every check comes before the pool."""
     import torch
     from transformers import ContinuousBatchingConfig
 
@@ -83,15 +91,16 @@ def prepare_server(
     from duocal_runtime.paged.coded_pages import check_page_holds_groups, coded_policies, page_size_for
     from duocal_runtime.paged.paged_cache import pool_summary
 
-    if sparsity is not None and budget is not None:
+    s = settings
+    if s.sparsity is not None and s.budget is not None:
         raise ValueError("give --sparsity or --budget, not both")
-    if max_batch_tokens is not None and max_batch_tokens < 1:
-        raise ValueError(f"--max-batch-tokens must be a positive number of tokens, got {max_batch_tokens}")
-    if page_size is not None and page_size < 4:
-        raise ValueError(f"--page-size must be at least 4 tokens, got {page_size}")
-    max_bytes = request_bytes(max_request_size)
-    ref = ModelRef.resolve(model)
-    chosen = profile or ref.default_profile
+    if s.max_batch_tokens is not None and s.max_batch_tokens < 1:
+        raise ValueError(f"--max-batch-tokens must be a positive number of tokens, got {s.max_batch_tokens}")
+    if s.page_size is not None and s.page_size < 4:
+        raise ValueError(f"--page-size must be at least 4 tokens, got {s.page_size}")
+    max_bytes = request_bytes(s.max_request_size)
+    ref = ModelRef.resolve(s.model)
+    chosen = s.profile or ref.default_profile
     if chosen is None:
         raise ValueError(f"no profile for {ref.arg}: pass --profile (a file or prebuilt name, duocal profiles list)")
     loaded, config = dr.load_profile(chosen), ref.load_config()
@@ -99,12 +108,12 @@ def prepare_server(
     context = getattr(config, "max_position_embeddings", 4096)
 
     def plan_and_pool(dtype):
-        when = {"context": context if budget else None, "dtype": dtype, "kv_bits": kv_bits}
-        plan = dr.plan(loaded, sparsity=sparsity, budget=budget, **when)
-        page = page_size or page_size_for(plan)
+        when = {"context": context if s.budget else None, "dtype": dtype, "kv_bits": s.kv_bits}
+        plan = dr.plan(loaded, sparsity=s.sparsity, budget=s.budget, **when)
+        page = s.page_size or page_size_for(plan)
         for policy in coded_policies(plan):
             check_page_holds_groups(policy, page)
-        return plan, page, kv_blocks(kv_memory, num_blocks, plan.shape, dtype, page)
+        return plan, page, kv_blocks(s.kv_memory, s.num_blocks, plan.shape, dtype, page)
 
     saved = getattr(config, "dtype", None) or torch.float32
     plan_and_pool(getattr(torch, saved) if isinstance(saved, str) else saved)  # options checked before the weights load
@@ -114,7 +123,7 @@ def prepare_server(
     cb_config = ContinuousBatchingConfig(
         page_size=page_size,
         num_blocks=blocks,
-        max_batch_tokens=max_batch_tokens or min(context, MAX_DEFAULT_BATCH_TOKENS),
+        max_batch_tokens=s.max_batch_tokens or min(context, MAX_DEFAULT_BATCH_TOKENS),
     )
     served = build_app(lm, ref.load_tokenizer(), runtime, ref.name, cb_config, max_bytes)
     return served, pool_summary(served.manager.cache, context, page_size)
