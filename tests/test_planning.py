@@ -200,3 +200,12 @@ def test_plans_profiles_and_runtimes_print_on_one_screen():
     with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())) as runtime:
         assert repr(runtime).startswith("Runtime(applied to LlamaForCausalLM, Plan(")
     assert repr(runtime).startswith("Runtime(removed")
+
+
+def test_max_context_reads_a_plain_number_as_bytes_and_refuses_tokens():
+    plan = dr.plan(random_profile(), sparsity=0.5)
+    assert plan.max_context(72_000_000_000) == plan.max_context("72GB") > 0
+    with pytest.raises(dr.PlanError, match="memory must be bytes"):
+        plan.max_context("2000000 tokens")
+    with pytest.raises(dr.PlanError):
+        plan.max_context(0)

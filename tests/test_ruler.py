@@ -114,6 +114,8 @@ def test_cli_refuses_bad_input_before_loading_anything(tmp_path):
     assert result.exit_code == 1 and "missing.txt" in result.output
     result = runner.invoke(app, ["eval", "ruler", "--contexts", "4000"])  # the demo model has 4096 positions
     assert result.exit_code == 1 and "beyond the model's" in result.output
+    result = runner.invoke(app, ["eval", "ruler", "--context", "4000"])  # the old spelling is still read
+    assert result.exit_code == 1 and "beyond the model's" in result.output
     result = runner.invoke(app, ["eval", "ruler", "--mix-policies", "sink_window,snapkv"])
     assert result.exit_code == 1 and "mix policies must be" in result.output
     result = runner.invoke(app, ["eval", "ruler", "--protocol", "multi-turn"])

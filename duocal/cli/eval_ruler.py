@@ -45,7 +45,12 @@ def ruler(
     tasks: Annotated[str, typer.Option(help="RULER tasks, comma-separated (default: all that run offline).")] = (
         OFFLINE_TASKS
     ),
-    contexts: Annotated[str, typer.Option(help="Context lengths in tokens (RULER's max_seq_lengths).")] = "4096",
+    contexts: Annotated[
+        str,
+        typer.Option(
+            "--contexts", "--context", help="Context lengths in tokens (RULER's max_seq_lengths; --context: old name)."
+        ),
+    ] = "4096",
     samples: Annotated[int, typer.Option(help="Documents per task and context (the same for every row).")] = 1,
     sparsity: SparsityOpt = "0.5",
     rows: RowsOpt = "full,duo,h2o,snapkv",

@@ -70,8 +70,10 @@ class Budget:
 
 def max_context(plan, memory: Any, batch: int = 1, dtype: Any = "bfloat16") -> int:
     """The most tokens per sequence whose KV cache (plan.kv_bytes) fits `memory` for `batch` sequences;
-    0 when not even one token fits. KV bytes never shrink as the context grows: a binary search."""
-    budget = Budget.parse(memory)
+    0 when not even one token fits; a plain number is bytes (memory is never tokens). KV bytes never shrink as
+    the context grows: a binary search."""
+    plain = isinstance(memory, Integral) and not isinstance(memory, bool)
+    budget = Budget(float(memory), "bytes") if plain and memory > 0 else Budget.parse(memory)
     if budget.unit != "bytes":
         raise PlanError(f"memory must be bytes ('80GB', '24GiB'), got {memory!r}")
     if plan.kv_bytes(1, batch, dtype) > budget.amount:
