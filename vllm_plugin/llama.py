@@ -24,7 +24,7 @@ from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
-from .head_plan import HeadSpec, load_head_table
+from .head_plan import DuoVllmError, HeadSpec, load_head_table
 from .sink_window_backend import SinkWindowCPUBackend
 from .sink_window_spec import SinkWindowSpec
 
@@ -69,7 +69,9 @@ class DuoLlamaAttention(nn.Module):
                  attn_type=None, head_table=None) -> None:  # fmt: skip
         super().__init__()
         if get_tensor_model_parallel_world_size() != 1:
-            raise NotImplementedError("duocal_vllm runs on one tensor-parallel rank")
+            raise DuoVllmError(
+                "duocal_vllm runs on one tensor-parallel rank for now: start vLLM with --tensor-parallel-size 1"
+            )
         del attn_type
         self.head_dim = getattr(config, "head_dim", None) or hidden_size // num_heads
         self.group = num_heads // num_kv_heads

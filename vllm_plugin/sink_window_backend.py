@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from vllm import _custom_ops as ops
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
+from .head_plan import DuoVllmError
+
 
 @functools.lru_cache(maxsize=None)
 def page_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,7 +42,10 @@ def page_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype) -
         where = (token * sign > 0).nonzero().flatten()
         index[(token[where] * sign - 1).long(), (channel[where] * sign - 1).long()] = where
         if (index < 0).any() or index.unique().numel() != index.numel():
-            raise NotImplementedError(f"CPU attention page layout of isa {isa!r} is not a per-block permutation")
+            raise DuoVllmError(
+                f"vLLM's CPU attention pages for isa {isa!r} are not a per-block permutation: duocal_vllm cannot read "
+                "streaming heads from them; plan with sparsity 0 (every head full) on this machine"
+            )
         offsets.append(index)
     return offsets[0], offsets[1]
 
