@@ -240,6 +240,16 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
+def gone_within(seconds: float, pid: int) -> bool:
+    """SIGKILL is delivered at once but a loaded machine may take a moment to end the process."""
+    deadline = time.monotonic() + seconds
+    while running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_a_hanging_compiler_is_killed_with_its_children_and_torch_answers(fresh_library, monkeypatch, tmp_path):
     pids = tmp_path / "pids"
     compiler = tmp_path / "slow-cc"
@@ -254,7 +264,7 @@ def test_a_hanging_compiler_is_killed_with_its_children_and_torch_answers(fresh_
         assert CK.library() is None
     assert time.monotonic() - started < 10
     for pid in map(int, pids.read_text().split()):
-        assert not running(pid), pid
+        assert gone_within(5.0, pid), pid
     assert not list(fresh_library.glob("*.partial"))
 
 
