@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 
@@ -24,3 +25,30 @@ def pool_is_whole(served, seconds=20) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+@contextlib.contextmanager
+def served_over_http(settings, log_level="warning"):
+    """`prepare_server(settings)` listening on a free port of 127.0.0.1 from a thread of this process (so a
+    test sees the pool): yields (served, pool summary, base URL); stopped within 30 s whatever happens."""
+    import threading
+
+    import uvicorn
+
+    from duocal.serving.startup import listening_socket, prepare_server
+
+    served, summary = prepare_server(settings)
+    sock = listening_socket("127.0.0.1", 0)
+    app = uvicorn.Server(uvicorn.Config(served.app, log_level=log_level))
+    thread = threading.Thread(target=app.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.perf_counter() + 30
+    while not app.started and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    try:
+        yield served, summary, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        app.should_exit = True
+        thread.join(timeout=30)
+        served.manager.stop(block=True, hard_stop=True, timeout=10)
+        served.runtime.remove()

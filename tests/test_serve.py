@@ -6,8 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -15,13 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 import torch
-import uvicorn
 
 import duocal_runtime as dr
-from duocal.serving.startup import ServeSettings, listening_socket, prepare_server
+from duocal.serving.startup import ServeSettings, prepare_server
 from duocal_runtime.paged.coded_pages import coded_policies, page_size_for
 
-from helpers import pool_is_whole, random_profile
+from helpers import pool_is_whole, random_profile, served_over_http
 
 NAME = "duocal/demo-model"
 
@@ -29,20 +26,8 @@ NAME = "duocal/demo-model"
 @pytest.fixture(scope="module")
 def server():
     """The demo model and its shipped profile, served in this process (so the test sees the pool)."""
-    served, summary = prepare_server(ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, page_size=16))
-    sock = listening_socket("127.0.0.1", 0)
-    app = uvicorn.Server(uvicorn.Config(served.app, log_level="warning"))
-    thread = threading.Thread(target=app.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    deadline = time.perf_counter() + 30
-    while not app.started and time.perf_counter() < deadline:
-        time.sleep(0.05)
-    yield served, summary, base
-    app.should_exit = True
-    thread.join(timeout=30)
-    served.manager.stop(block=True, hard_stop=True)
-    served.runtime.remove()
+    with served_over_http(ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, page_size=16)) as running:
+        yield running
 
 
 def client(base):
@@ -99,7 +84,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_pages(server):
         ({"model": NAME, "prompt": "abc", "max_tokens": "many"}, "max_tokens must be a positive integer"),
         ({"model": NAME, "prompt": "abc", "max_tokens": 10**8}, "beyond the model's"),
         ({"model": NAME, "prompt": "abc", "max_tokens": 4000, "stream": True}, "more than the whole pool"),
-        ({"model": "someone/else", "prompt": "abc", "max_tokens": 3}, "pinned"),
+        ({"model": "someone/else", "prompt": "abc", "max_tokens": 3}, "model_not_found"),
         ({"model": NAME, "messages": [{"role": "user", "content": "hi"}]}, "no chat template"),
     ],
 )

@@ -9,18 +9,16 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-import uvicorn
 
-from duocal.serving.startup import ServeSettings, listening_socket, prepare_server
+from duocal.serving.startup import ServeSettings, prepare_server
 from duocal_runtime.paged.manager import PlanRequestError
 
-from helpers import pool_is_whole
+from helpers import pool_is_whole, served_over_http
 
 NAME = "duocal/demo-model"
 LIMIT = 64 * 1024
@@ -29,23 +27,9 @@ LIMIT = 64 * 1024
 @pytest.fixture(scope="module")
 def server():
     """The demo model served in this process with a 64 kB body limit; stopped within 30 s whatever happens."""
-    served, _ = prepare_server(
-        ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, page_size=16, max_request_size=LIMIT)
-    )
-    sock = listening_socket("127.0.0.1", 0)
-    app = uvicorn.Server(uvicorn.Config(served.app, log_level="critical"))
-    thread = threading.Thread(target=app.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.perf_counter() + 30
-    while not app.started and time.perf_counter() < deadline:
-        time.sleep(0.05)
-    try:
-        yield served, f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        app.should_exit = True
-        thread.join(timeout=30)
-        served.manager.stop(block=True, hard_stop=True, timeout=10)
-        served.runtime.remove()
+    settings = ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, page_size=16, max_request_size=LIMIT)
+    with served_over_http(settings, log_level="critical") as (served, _, base):
+        yield served, base
 
 
 def client(base):

@@ -14,6 +14,7 @@ DRAIN_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 32
 MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 # Keys the handlers pass to apply_chat_template themselves: a body may not pass them again.
+TEXT_PARTS = ("text", "input_text", "output_text")
 TEMPLATE_OWN_KEYS = {"conversation", "add_generation_prompt", "tools", "return_tensors", "return_dict", "tokenize"}
 
 
@@ -94,7 +95,9 @@ COMMON_FIELDS = {
     "frequency_penalty": (in_range(-2, 2), "a number from -2 to 2"),
     "presence_penalty": (in_range(-2, 2), "a number from -2 to 2"),
     "seed": (is_int, "an integer"),
-    "n": (lambda v: v == 1 and is_int(v), "1 (one sequence per request)"),
+    "n": (lambda v: is_int(v) and v >= 1, "a positive integer"),
+    "best_of": (lambda v: is_int(v) and v >= 1, "a positive integer"),
+    "echo": (lambda v: isinstance(v, bool), "true or false"),
     "stop": (lambda v: isinstance(v, str) or is_str_list(v), "a string or a list of strings"),
     "suffix": (lambda v: isinstance(v, str), "a string"),
     "instructions": (lambda v: isinstance(v, str), "a string"),
@@ -141,7 +144,9 @@ def content_problem(content) -> str | None:
     for part in content:
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             return "parts must be objects with a string type"
-        if part["type"] in ("text", "input_text", "output_text") and not isinstance(part.get("text"), str):
+        if part["type"] not in TEXT_PARTS:  # transformers drops them for a text-only model, answering without them
+            return f"has a {part['type'][:30]!r} part: this server reads text parts only ({', '.join(TEXT_PARTS)})"
+        if not isinstance(part.get("text"), str):
             return "text parts need a string text"
     return None
 

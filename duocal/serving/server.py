@@ -2,17 +2,20 @@
 
 The handlers, streaming and tokenization are transformers' (`transformers/cli/serving/`); the app is
 ours, so it has only the routes we mean: POST `/v1/chat/completions`, `/v1/completions`,
-`/v1/responses`, GET `/v1/models` and `/health` (transformers' `/reset`, `/load_model`,
-`/v1/systemone`, `/v1/audio/transcriptions` and FastAPI's docs are 404). What duocal adds: the
-model is loaded here, checked against the plan and served under one name (another name: 400); its
-continuous batching runs on duocal's paged cache (`dr.apply` makes `model.init_continuous_batching`
-build it), made at start-up so its size is known before the first request; every body is read
-within a size limit and checked field by field before a handler sees it (request_checks.py); each
-request gets an id no other has and is cancelled if its client goes away (request_flow.py); every
-error is in OpenAI's shape (api_errors.py); `/health` is 503 once the batching worker is gone.
+`/v1/responses`, GET `/v1/models`, `/v1/models/{id}` and `/health` (transformers' `/reset`,
+`/load_model`, `/v1/systemone`, `/v1/audio/transcriptions` and FastAPI's docs are 404). What duocal adds:
+the model is loaded here, checked against the plan and served under the name it was given (another name:
+404 model_not_found); its continuous batching runs on duocal's paged cache (`dr.apply` makes
+`model.init_continuous_batching` build it), made at start-up so its size is known before the first
+request; every body is read within a size limit and checked field by field before a handler sees it
+(request_checks.py), and a value the server cannot honour is refused, never dropped (served_fields.py);
+`stop` ends answers (stop_strings.py); answers take OpenAI's form (openai_answers.py); each request gets
+an id no other has and is cancelled if its client goes away (request_flow.py); every error is in OpenAI's
+shape (api_errors.py); `/health` is 503 once the batching worker is gone.
 
-Version-specific (transformers 5.24): `ModelManager.loaded_models` / `force_model`, `TimedModel`,
-`GenerationState.get_manager(...).init_cb(...)`, the handlers' `handle_request(body, request_id)`.
+Version-specific (transformers 5.24): `ModelManager.loaded_models` / `force_model` /
+`process_model_name`, `TimedModel`, `GenerationState.get_manager(...).init_cb(...)`, the handlers'
+`handle_request(body, request_id)`.
 """
 
 import time
@@ -20,8 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api_errors import ApiError, error_response, install_error_handlers
+from .openai_answers import shape_answer
 from .request_checks import DEFAULT_MAX_REQUEST_BYTES, check_body, parse_body, read_body
 from .request_flow import request_id_for, run_while_connected
+from .served_fields import Decoding, check_served
+from .stop_strings import honour_stop_strings
 
 CHAT_PATHS = ("/v1/chat/completions", "/v1/responses")
 
@@ -46,19 +52,45 @@ async def answer(handler, body: dict, request_id: str):
         raise ApiError(400, f"the model's chat template refused the messages: {err}", param="messages") from None
 
 
-def generation_route(path: str, handler, manager, chat_template: bool, name: str, max_bytes: int):
-    """The POST route for `path`: read and check the body, then run `handler` while the client is there."""
+def model_not_found(name: str, asked) -> ApiError:
+    return ApiError(
+        404,
+        f"the model {asked!r} is not served here: this server serves {name!r}",
+        param="model",
+        code="model_not_found",
+    )
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What every generation route shares: the batching manager, the model's name, its decoding."""
+
+    manager: Any
+    name: str
+    chat_template: bool
+    decoding: Decoding
+    max_bytes: int
+
+
+def generation_route(path: str, handler, serving: Serving):
+    """The POST route for `path`: read and check the body, run `handler` while the client is there, and
+    send its answer in OpenAI's form."""
     from fastapi import Request
 
     async def route(request: Request):
-        body = parse_body(await read_body(request, max_bytes))
+        body = parse_body(await read_body(request, serving.max_bytes))
         check_body(path, body)
-        if path in CHAT_PATHS and not chat_template:
-            raise ApiError(400, f"{name} has no chat template: send a prompt to /v1/completions instead")
+        if body.get("model") not in (None, serving.name):
+            raise model_not_found(serving.name, body["model"])
+        check_served(path, body, serving.decoding)
+        if path in CHAT_PATHS and not serving.chat_template:
+            raise ApiError(400, f"{serving.name} has no chat template: send a prompt to /v1/completions instead")
+        if path == "/v1/responses":
+            body.setdefault("stream", False)  # OpenAI's default; transformers' is true
         request_id = request_id_for(request)
-        response = await run_while_connected(
-            request, answer(handler, body, request_id), lambda: manager.cancel_request(request_id)
-        )
+        cancel = lambda: serving.manager.cancel_request(request_id)  # noqa: E731
+        response = await run_while_connected(request, answer(handler, body, request_id), cancel)
+        response = shape_answer(path, body, response, cancel)
         response.headers["x-request-id"] = request_id
         return response
 
@@ -76,9 +108,17 @@ def health_route(manager):
     return health
 
 
-def models_route(name: str):
-    listing = {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()), "owned_by": ""}]}
-    return lambda: listing
+def model_routes(app, name: str) -> None:
+    """GET /v1/models (the one model) and /v1/models/{id} (it, or 404 model_not_found)."""
+    model = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "duocal"}
+
+    def one(model_id: str):
+        if model_id != name:
+            raise model_not_found(name, model_id)
+        return model
+
+    app.add_api_route("/v1/models", lambda: {"object": "list", "data": [model]}, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", one, methods=["GET"])
 
 
 def build_app(
@@ -95,6 +135,7 @@ def build_app(
     from duocal_runtime.paged.manager import PlanRequestError
 
     models = ModelManager(device=str(model.device), continuous_batching=True, model_timeout=-1)
+    models.process_model_name = lambda model_id: model_id  # answers name the model as given, without "@main"
     key = models.process_model_name(name)
     models.loaded_models[key] = TimedModel(model, timeout_seconds=-1, processor=tokenizer)
     models.force_model = name  # set after __init__: nothing is loaded from the Hub
@@ -102,6 +143,7 @@ def build_app(
     batching = state.get_manager(key, use_cb=True)
     batching.init_cb(model, model.generation_config)  # the pool is made now, with the model's sampling settings
     manager = batching._cb
+    honour_stop_strings(batching, manager)
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app, PlanRequestError, CBWorkerDeadError)
     handlers = {
@@ -109,11 +151,11 @@ def build_app(
         "/v1/completions": CompletionHandler(models, state),
         "/v1/responses": ResponseHandler(models, state),
     }
-    template = bool(tokenizer.chat_template)
+    serving = Serving(
+        manager, name, bool(tokenizer.chat_template), Decoding.of(model.generation_config), max_request_bytes
+    )
     for path, handler in handlers.items():
-        app.add_api_route(
-            path, generation_route(path, handler, manager, template, name, max_request_bytes), methods=["POST"]
-        )
-    app.add_api_route("/v1/models", models_route(name), methods=["GET"])
+        app.add_api_route(path, generation_route(path, handler, serving), methods=["POST"])
+    model_routes(app, name)
     app.add_api_route("/health", health_route(manager), methods=["GET"])
     return ServedModel(app, name, manager, runtime)
