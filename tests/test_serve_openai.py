@@ -9,6 +9,7 @@ import openai
 import pytest
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase as ChatParams
 from openai.types.completion_create_params import CompletionCreateParamsBase as CompletionParams
+from openai.types.responses.response_create_params import ResponseCreateParamsBase as ResponseParams
 
 from duocal.serving.served_fields import HONOURED, NO_EFFECT, SERVED
 from duocal.serving.startup import ServeSettings
@@ -65,6 +66,8 @@ def assert_openai_error(status, body, want_status, param, code=None):
 def valid_body(path: str) -> dict:
     if path == "/v1/completions":
         return {"model": NAME, "prompt": PROMPT, "max_tokens": 3}
+    if path == "/v1/responses":
+        return {"model": NAME, "input": "hi", "max_output_tokens": 3}
     return {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
@@ -138,6 +141,13 @@ REFUSED = [
     ("/v1/chat/completions", "audio", {"voice": "alloy", "format": "wav"}),
     ("/v1/chat/completions", "functions", [{"name": "f"}]),
     ("/v1/chat/completions", "reasoning_effort", "high"),
+    ("/v1/responses", "temperature", 1.0),
+    ("/v1/responses", "text", {"format": {"type": "json_object"}}),
+    ("/v1/responses", "previous_response_id", "resp_1"),
+    ("/v1/responses", "truncation", "auto"),
+    ("/v1/responses", "include", ["message.output_text.logprobs"]),
+    ("/v1/responses", "background", True),
+    ("/v1/responses", "reasoning", {"effort": "high"}),
 ]
 
 
@@ -148,6 +158,14 @@ def test_a_field_the_server_cannot_honour_is_a_400_naming_it(server, path, field
     assert_openai_error(status, answer, 400, field)
     assert field in answer["error"]["message"]
     assert pool_is_whole(served)
+
+
+@pytest.mark.parametrize("stop", ["", ["a", ""]])
+def test_an_empty_stop_string_is_a_400(server, stop):
+    _, base = server
+    status, answer = post_json(base, "/v1/completions", {**valid_body("/v1/completions"), "stop": stop})
+    assert_openai_error(status, answer, 400, "stop")
+    assert "non-empty string" in answer["error"]["message"]
 
 
 @pytest.mark.parametrize("kind", ["image_url", "input_audio", "file"])
@@ -168,7 +186,9 @@ def test_values_that_change_nothing_here_are_accepted(server):
 
 
 @pytest.mark.parametrize(
-    "path, params", [("/v1/chat/completions", ChatParams), ("/v1/completions", CompletionParams)], ids=["chat", "text"]
+    "path, params",
+    [("/v1/chat/completions", ChatParams), ("/v1/completions", CompletionParams), ("/v1/responses", ResponseParams)],
+    ids=["chat", "text", "responses"],
 )
 def test_every_openai_request_field_is_honoured_accepted_or_checked(path, params):
     covered = set(HONOURED[path]) | set(NO_EFFECT) | set(SERVED[path])
@@ -185,7 +205,7 @@ def test_the_model_id_is_the_one_given_everywhere(server):
     assert client(base).completions.create(model=NAME, prompt=PROMPT, max_tokens=2).model == NAME
     events = stream_events(base, "/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 2})
     assert {e["model"] for e in events[:-1]} == {NAME}
-    for path in ("/v1/completions", "/v1/chat/completions"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses"):
         status, answer = post_json(base, path, {**valid_body(path), "model": "gpt-4o"})
         assert_openai_error(status, answer, 404, "model", "model_not_found")
     with pytest.raises(openai.NotFoundError) as refused:
@@ -290,3 +310,33 @@ def test_a_responses_request_without_stream_answers_json(chat_server):
     assert json.loads(text)["model"] == CHAT
     answer = client(base).responses.create(model=CHAT, input="Hi", max_output_tokens=4)
     assert answer.output_text and answer.usage.output_tokens == 4
+
+
+@pytest.mark.parametrize(
+    "pieces, stops, sent",
+    [
+        (["hello wor", "ld. bye"], ["world"], "hello "),  # a stop string split over two pieces
+        (["ab", "c", "abX"], ["abX", "cab"], "ab"),  # the earliest stop wins, not the first listed
+        (["a b", " c"], ["b c"], "a "),
+        (["no stop", " here"], ["zz"], "no stop here"),  # held back "" while it could start "zz", then flushed
+        (["ends with z"], ["zz"], "ends with z"),  # a partial stop at the end is text after all
+        (["x<", "/s", ">y", "more"], ["</s>"], "x"),
+    ],
+)
+def test_stop_text_sends_everything_before_the_first_stop_string(pieces, stops, sent):
+    from duocal.serving.stop_strings import StopText, cut_at_stop
+
+    cut = StopText(stops)
+    out = "".join(cut.feed(piece) for piece in pieces) + cut.flush()
+    assert out == sent == cut_at_stop("".join(pieces), stops)
+    assert cut.stopped == (sent != "".join(pieces))
+
+
+def test_stop_text_never_sends_what_may_be_the_start_of_a_stop_string():
+    from duocal.serving.stop_strings import StopText
+
+    cut = StopText(["STOP"])
+    assert cut.feed("go ST") == "go " and cut.feed("O") == "" and cut.feed("Pped") == ""
+    assert cut.stopped and cut.flush() == ""
+    with pytest.raises(ValueError, match="non-empty"):
+        StopText([""])

@@ -165,7 +165,7 @@ def test_a_body_over_the_limit_is_a_413(server):
         ("/v1/completions", {"prompt": "a", "stream": "yes"}, "stream must be true or false", "stream"),
         ("/v1/completions", {"prompt": "a", "max_tokens": True}, "max_tokens must be a positive integer", "max_tokens"),
         ("/v1/completions", {"prompt": "a", "seed": 1.5}, "seed must be an integer", "seed"),
-        ("/v1/completions", {"prompt": "a", "stop": [1]}, "stop must be a string", "stop"),
+        ("/v1/completions", {"prompt": "a", "stop": [1]}, "stop must be a non-empty string", "stop"),
         ("/v1/completions", {"prompt": "a", "model": 5}, "model must be a string", "model"),
         ("/v1/completions", {"prompt": "a", "generation_config": "{}"}, "not accepted", "generation_config"),
         ("/v1/completions", {"prompt": 5}, "prompt must be a non-empty string", "prompt"),

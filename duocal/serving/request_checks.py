@@ -98,7 +98,10 @@ COMMON_FIELDS = {
     "n": (lambda v: is_int(v) and v >= 1, "a positive integer"),
     "best_of": (lambda v: is_int(v) and v >= 1, "a positive integer"),
     "echo": (lambda v: isinstance(v, bool), "true or false"),
-    "stop": (lambda v: isinstance(v, str) or is_str_list(v), "a string or a list of strings"),
+    "stop": (
+        lambda v: (isinstance(v, str) and v != "") or (is_str_list(v) and "" not in v),
+        "a non-empty string or a list of them",
+    ),
     "suffix": (lambda v: isinstance(v, str), "a string"),
     "instructions": (lambda v: isinstance(v, str), "a string"),
     "user": (lambda v: isinstance(v, str), "a string"),

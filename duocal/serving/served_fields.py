@@ -1,4 +1,4 @@
-"""What `duocal serve` does with every field of OpenAI's chat-completions and completions request bodies:
+"""What `duocal serve` does with every field of OpenAI's chat-completions, completions and responses bodies:
 honoured, accepted because it changes nothing here, or refused with a 400 naming it. A field is never
 dropped with a 200: a value the server cannot honour is refused, whatever the field.
 
@@ -130,9 +130,35 @@ COMPLETION_ONLY = {
     "suffix": refused("text is not inserted between a prompt and a suffix"),
 }
 
+RESPONSES_ONLY = {
+    **{field: SAMPLING[field] for field in ("temperature", "top_p", "seed", "stream_options")},
+    "text": Served(
+        lambda value, _body, _decoding: value in ({}, {"format": {"type": "text"}}),
+        "{'format': {'type': 'text'}} or left out: JSON modes and schemas are not enforced",
+    ),
+    "tool_choice": CHAT_ONLY["tool_choice"],
+    "parallel_tool_calls": CHAT_ONLY["parallel_tool_calls"],
+    "store": CHAT_ONLY["store"],
+    "background": only(False, want="false or left out: answers are not run in the background"),
+    "truncation": only("disabled", want="'disabled' or left out: inputs are not truncated"),
+    "include": refused("no extra output is returned"),
+    "top_logprobs": refused("log probabilities are not returned"),
+    "max_tool_calls": refused("the number of tool calls is not limited"),
+    "previous_response_id": refused("nothing is stored: send the whole conversation as input"),
+    "conversation": refused("nothing is stored: send the whole conversation as input"),
+    "prompt": refused("there are no stored prompts"),
+    "reasoning": refused("reasoning is not adjustable"),
+    "background_options": refused("answers are not run in the background"),
+    "context_management": refused("the context is not managed"),
+    "access_programs": refused("there are no access programs"),
+    "image": refused("this server answers in text"),
+    "moderation": refused("there is no moderation"),
+}
+
 SERVED = {
     "/v1/chat/completions": {**SAMPLING, **CHAT_ONLY},
     "/v1/completions": {**SAMPLING, **COMPLETION_ONLY},
+    "/v1/responses": RESPONSES_ONLY,
 }
 
 # Fields taken as they are, for the docs and the test that every OpenAI field is covered.
@@ -154,6 +180,14 @@ HONOURED = {
         "max_tokens": "new tokens at most",
         "stop": "the text ends before the first stop string, finish_reason 'stop', also streamed",
         "echo": "the prompt comes first in the text",
+    },
+    "/v1/responses": {
+        "input": "a string, or messages and text parts, through the model's chat template",
+        "instructions": "a system message first",
+        "model": "must be the served id (else 404 model_not_found)",
+        "stream": "events when true; JSON when false or left out",
+        "max_output_tokens": "new tokens at most",
+        "tools": "given to the chat template; calls parsed where the model's tokenizer defines how",
     },
 }
 NO_EFFECT = {
