@@ -110,6 +110,18 @@ def test_stop_ends_the_text_before_the_stop_string_streamed_or_not(server):
     assert pool_is_whole(served)
 
 
+def test_a_stop_string_ended_by_the_last_allowed_token_is_a_stop(server):
+    _, base = server
+    full = plain_text(base, max_tokens=8)
+    stop = full.rstrip()[-2:]
+    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 8, "stop": stop}
+    status, answer = post_json(base, "/v1/completions", body)
+    assert status == 200 and answer["choices"][0]["finish_reason"] == "stop", answer
+    assert answer["choices"][0]["text"] == full[: full.find(stop)]
+    events = stream_events(base, "/v1/completions", body)
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+
+
 def test_echo_puts_the_prompt_first(server):
     _, base = server
     body = {"model": NAME, "prompt": PROMPT, "max_tokens": 6, "echo": True}
@@ -300,6 +312,24 @@ def test_stop_ends_a_chat_answer_streamed_or_not(chat_server):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert pool_is_whole(served)
+
+
+@pytest.mark.slow
+def test_stop_holds_for_a_model_whose_tokenizer_parses_its_answers(chat_server, monkeypatch):
+    """Such a model's answer is read again from all its tokens (the one that ended the stop string too)."""
+    from transformers.cli.serving import chat_completion
+
+    _, base = chat_server
+    body = {"model": CHAT, "messages": HELLO, "max_tokens": 20}
+    full = client(base).chat.completions.create(**body).choices[0].message.content
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+
+    def parse_all_tokens(processor, model, generated_ids, **kwargs):
+        return processor.decode(generated_ids, skip_special_tokens=True), None, None
+
+    monkeypatch.setattr(chat_completion, "parse_assistant_message", parse_all_tokens)
+    answer = client(base).chat.completions.create(**body, stop=stop)
+    assert answer.choices[0].message.content == full[: full.find(stop)]
 
 
 @pytest.mark.slow

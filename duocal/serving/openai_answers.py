@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 
 from .api_errors import error_body
+from .stop_strings import cut_at_stop, stop_list
 
 logger = logging.getLogger("duocal.serving")
 
@@ -25,12 +26,14 @@ class AnswerShape:
 
     include_usage: bool = False
     echo: str | None = None  # completions with echo: the prompt, sent before the generated text
+    stops: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, path: str, body: dict) -> AnswerShape:
         options = body.get("stream_options") or {}
         echo = body["prompt"] if path == "/v1/completions" and body.get("echo") is True else None
-        return cls(include_usage=options.get("include_usage") is True, echo=echo)
+        stops = tuple(stop_list(body.get("stop")))
+        return cls(include_usage=options.get("include_usage") is True, echo=echo, stops=stops)
 
 
 def event(payload: dict) -> str:
@@ -109,9 +112,20 @@ def shape_answer(path: str, body: dict, response, on_error):
     if isinstance(response, StreamingResponse):
         response.body_iterator = openai_events(response.body_iterator, shape, on_error)
         return response
-    if shape.echo is None or not isinstance(response, JSONResponse):
+    if (shape.echo is None and not shape.stops) or not isinstance(response, JSONResponse):
         return response
     answer = json.loads(response.body)
     for choice in answer.get("choices", []):
-        choice["text"] = shape.echo + choice.get("text", "")
+        shape_choice(choice, shape)
     return JSONResponse(answer, status_code=response.status_code)
+
+
+def shape_choice(choice: dict, shape: AnswerShape) -> None:
+    """Cut at the stop strings again (a model whose tokenizer parses its answers re-reads all the tokens it
+    made, the one that ended a stop string among them), then put the echoed prompt first."""
+    message = choice.get("message")
+    if shape.stops and isinstance(message, dict) and isinstance(message.get("content"), str):
+        message["content"] = cut_at_stop(message["content"], list(shape.stops))
+    if "text" in choice:
+        text = cut_at_stop(choice["text"], list(shape.stops)) if shape.stops else choice["text"]
+        choice["text"] = (shape.echo or "") + text

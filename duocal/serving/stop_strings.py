@@ -96,8 +96,14 @@ def honour_stop_strings(batching, manager) -> None:
         )
         stops = stop_list(gen_config.stop_strings)
         if stops:  # nothing was delivered yet: outputs reach the streamer on this event loop, after this returns
-            streamer._queue = StoppingQueue(queue, stops, lambda: manager.cancel_request(request_id))
+            streamer._queue = StoppingQueue(queue, stops, lambda: stopped(gen_config, request_id))
         return queue, streamer
+
+    def stopped(gen_config, request_id) -> None:
+        manager.cancel_request(request_id)
+        # The handlers call an answer "length" when it has max_new_tokens tokens, also when its last one ended
+        # a stop string; this request's config (a copy) is read for nothing else once the request is queued.
+        gen_config.max_new_tokens = None
 
     async def generate_non_streaming(model, processor, inputs, gen_config, request_id):
         """With stop strings, the streaming path collected: it sees the text as it comes, so it can stop."""
