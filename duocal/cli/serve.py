@@ -64,8 +64,9 @@ def serve_command(
     """Serve MODEL with a plan over transformers' OpenAI-compatible endpoints (/v1/chat/completions,
     /v1/completions, /v1/responses, streaming or not; /v1/models, /health), continuous batching on
     duocal's paged cache. Prints the address and the KV pool (bytes; requests of the model's context
-    it holds vs plain attention). Errors are OpenAI-shaped JSON; Ctrl-C drains open requests, a second
-    Ctrl-C stops at once."""
+    it holds vs plain attention). The model's id is the MODEL you gave. Errors are OpenAI-shaped JSON; a
+    request field the server cannot honour (sampling settings other than the model's, n > 1, logprobs, JSON
+    modes, images) is a 400 naming it. Ctrl-C drains open requests, a second Ctrl-C stops at once."""
     from duocal.serving.startup import SERVE_FIELDS, ServeSettings, listening_socket, prepare_server, run
 
     with user_errors():
