@@ -370,3 +370,18 @@ def test_stop_text_never_sends_what_may_be_the_start_of_a_stop_string():
     assert cut.stopped and cut.flush() == ""
     with pytest.raises(ValueError, match="non-empty"):
         StopText([""])
+
+
+def test_a_sampling_server_accepts_only_its_own_sampling_settings():
+    from transformers import GenerationConfig
+
+    from duocal.serving.api_errors import ApiError
+    from duocal.serving.served_fields import Decoding, check_served
+
+    sampling = Decoding.of(GenerationConfig(do_sample=True, temperature=0.6, top_p=0.9))
+    assert sampling == Decoding(True, 0.6, 0.9) and Decoding.of(GenerationConfig()) == Decoding(False)
+    check_served("/v1/completions", {"temperature": 0.6, "top_p": 0.9}, sampling)
+    for field, value in [("temperature", 0), ("temperature", 1.0), ("top_p", 1), ("seed", 3)]:
+        with pytest.raises(ApiError, match=f"{field} must be") as refused:
+            check_served("/v1/completions", {field: value}, sampling)
+        assert refused.value.param == field and "samples at temperature 0.6" in refused.value.message
