@@ -38,15 +38,16 @@ serve-demo: setup
 	$(VENV)/bin/duocal models fetch smollm2-135m-instruct
 	OMP_NUM_THREADS=2 $(VENV)/bin/duocal serve smollm2-135m-instruct --kv-memory 1GiB
 
-# Formatting and lint (ruff, 120 columns), then the whole suite.
+# Formatting and lint (ruff, 120 columns).
 lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
 # The docs site (mkdocs.yml, docs/) built with --strict into site/: a broken link, a page missing from
 # the nav or a reference that no longer matches the code fails the build. Its packages are the `docs` extra.
+# Never --quiet: mkdocs then drops the warnings before --strict counts them, and a broken link passes.
 docs: $(VENV)/.docs-installed
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[docs]'
@@ -56,6 +57,7 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml constraints.txt
 figures: setup
 	$(PY) -m duocal.eval.figures docs/benchmarks/figures/*.json
 
+# What CI runs (.ci/run): formatting and lint, the docs built strictly, then the whole suite.
 test: lint docs
 	$(PY) -m pytest -q
 

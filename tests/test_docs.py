@@ -34,6 +34,15 @@ def test_readme_links_into_every_docs_section():
         assert any(link.startswith("docs/" + section) for link in links), f"README has no link into docs/{section}"
 
 
+def test_make_test_builds_the_docs_strictly():
+    """CI runs `make test`; it builds the docs with --strict, never --quiet (which hides the warnings
+    --strict counts: a broken link would pass)."""
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^test: .*\bdocs\b", makefile, re.M), "make test must depend on make docs"
+    recipe = re.search(r"^docs: .*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    assert "mkdocs build --strict" in recipe and "--quiet" not in recipe and "-q " not in recipe, recipe
+
+
 def png_size(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     return struct.unpack(">II", data[16:24])
