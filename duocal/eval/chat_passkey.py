@@ -7,7 +7,7 @@ GPL-3.0 text). An answer is `exact` when its first number is the key and `clean`
 three words comes twice before that first number (a garbled answer repeats itself). Batched with
 left padding; fp32 is the quick start's dtype.
 
-    python -m duocal.eval.chat_passkey        # the table README shows (~3.5 minutes on 2 CPU cores)
+    python -m duocal.eval.chat_passkey        # the table of docs/benchmarks/real-model.md (~3.5 min, 2 cores)
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def tally(answers: list[ChatAnswer]) -> dict[str, tuple[int, int, int]]:
 
 
 def standard_plans(profile: dr.Profile) -> dict[str, dr.Plan]:
-    """Full attention, the profile at its deploy sparsity, and at 0.75 (the rows README shows)."""
+    """Full attention, the profile at its deploy sparsity, and at 0.75 (docs/benchmarks/real-model.md)."""
     default = profile.deploy.sparsity
     plans = {"full": dr.plan(profile, sparsity=0.0), f"duo {default:g} (default)": dr.plan(profile)}
     plans.setdefault("duo 0.75", dr.plan(profile, sparsity=0.75))

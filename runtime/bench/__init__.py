@@ -1,1 +1,1 @@
-"""The runtime benchmark: `python -m duocal_runtime.bench --help` (see README "Runtime benchmark")."""
+"""The runtime benchmark: `python -m duocal_runtime.bench --help` (see docs/benchmarks/runtime.md)."""

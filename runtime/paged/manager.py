@@ -28,7 +28,7 @@ from .paged_cache import DuoPagedCache
 
 logger = logging.getLogger("duocal_runtime.paged")
 
-# What the paged cache cannot do yet, forced off in the config it is given (see README "Serving").
+# What the paged cache cannot do yet, forced off in the config it is given (see docs/guides/serve.md).
 FORCED_OFF = {
     "allow_block_sharing": False,
     "use_cuda_graph": False,

@@ -11,7 +11,7 @@
 A policy module holds the policy's sizes and defaults (a frozen dataclass), its storage and
 attention for prefill, dynamic decode and static (compileable) decode, its analytic size
 (`tokens_kept`) and the state a benchmark gives it (`HeadGroup.fill`). Adding a policy is one new
-module with a `@register_policy` class; see README "Adding a policy".
+module with a `@register_policy` class; see docs/contributing/extending.md.
 """
 
 from .base import (
