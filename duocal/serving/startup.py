@@ -31,6 +31,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_size: int) -> int | None:
     """The pool as transformers' `num_blocks` counts it (blocks of `page_size` tokens of the plain model)."""
+    from duocal_runtime.paged.pool_size import plain_block_bytes
     from duocal_runtime.planning.budget import Budget
 
     if kv_memory is not None and num_blocks is not None:
@@ -44,8 +45,7 @@ def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_
     budget = Budget.parse(kv_memory)
     if budget.unit != "bytes":
         raise ValueError(f"--kv-memory takes bytes ('2GiB', '500MB'), got {kv_memory!r}")
-    block = shape.num_hidden_layers * 2 * shape.num_key_value_heads * shape.head_dim * dtype.itemsize * page_size
-    return max(1, int(budget.amount // block))
+    return max(1, int(budget.amount // plain_block_bytes(shape, dtype, page_size)))
 
 
 def request_bytes(size: str | int | None) -> int:

@@ -26,6 +26,7 @@ from ..planning.plan import Plan
 from .coded_pages import ALIGN, ring_key, ring_state
 from .paged_attention import PagedLayerPass, PagedStep
 from .pages import BoundedSlots, FullHeadPages, slot_fields
+from .pool_size import plain_block_bytes, plain_request_bytes
 
 logger = logging.getLogger("duocal_runtime.paged")
 
@@ -73,7 +74,7 @@ class DuoPagedCache(PagedAttentionCache):
         for allocator in self.cache_allocators.values():
             allocator.register_cache_tensor(self.bytes_per_sector, non_trash, self.cache_tensor, self.pool)
         self.allow_block_sharing = self.use_prefix_sharing = False
-        self.num_blocks = non_trash // self.plain_block_bytes(cb_config.page_size)
+        self.num_blocks = non_trash // plain_block_bytes(self.plan.shape, self.dtype, cb_config.page_size)
         self.read_cache_limit, self.max_decode_fast_path_length = None, 0
         self.max_tokens_read = self._readable_tokens(config)
         self.chunk_sensitive = any(p.chunking_changes_result for row in plan.policies for p in row)
@@ -104,11 +105,6 @@ class DuoPagedCache(PagedAttentionCache):
                 states[(layer, ring_key(g))] = ring_state(policy, len(kv_heads), self.plan.shape.head_dim, self.dtype)
         return states
 
-    def plain_block_bytes(self, page_size: int) -> int:
-        """Bytes of `page_size` tokens of every head of every layer: what transformers' `num_blocks` counts."""
-        s = self.plan.shape
-        return s.num_hidden_layers * 2 * s.num_key_value_heads * s.head_dim * self.dtype.itemsize * page_size
-
     def _size(self, config, cb_config) -> tuple[int, int]:
         """(max_batch_tokens, sectors): `num_blocks` converted to this plan's sectors, else transformers'
         sizing from free memory with this pool's sector size."""
@@ -119,10 +115,10 @@ class DuoPagedCache(PagedAttentionCache):
                 dtype=self.dtype,
                 bytes_per_sector=self.bytes_per_sector,
                 tokens_per_sector=self.tokens_per_sector,
-                bytes_per_block=self.plain_block_bytes(cb_config.page_size),
+                bytes_per_block=plain_block_bytes(self.plan.shape, self.dtype, cb_config.page_size),
                 attn_types=list(self.cache_allocators),
             ).infer_max_batch_tokens_and_num_sectors()
-        wanted = cb_config.num_blocks * self.plain_block_bytes(cb_config.page_size)
+        wanted = cb_config.num_blocks * plain_block_bytes(self.plan.shape, self.dtype, cb_config.page_size)
         sectors = wanted // self.bytes_per_sector
         if sectors < 1:
             raise ValueError(
@@ -232,7 +228,7 @@ def pool_summary(cache: DuoPagedCache, context: int, page_size: int) -> dict:
     need = cache.blocks_for(context)
     ceiling = cache.num_sectors + 1
     held = cache.count_storable_requests([need] * ceiling)
-    plain_per_request = -(-context // page_size) * cache.plain_block_bytes(page_size)
+    plain_per_request = plain_request_bytes(cache.plan.shape, cache.dtype, context, page_size)
     return {
         "kv_bytes": cache.capacity_bytes(),
         "context": context,
