@@ -90,10 +90,10 @@ def prepare_server(settings: ServeSettings):
     from duocal.models import ModelRef
     from duocal_runtime.paged.coded_pages import check_page_holds_groups, coded_policies, page_size_for
     from duocal_runtime.paged.paged_cache import pool_summary
+    from duocal_runtime.planning.plan import check_head_choice
 
     s = settings
-    if s.sparsity is not None and s.budget is not None:
-        raise ValueError("give --sparsity or --budget, not both")
+    check_head_choice(sparsity=s.sparsity, budget=s.budget)
     if s.max_batch_tokens is not None and s.max_batch_tokens < 1:
         raise ValueError(f"--max-batch-tokens must be a positive number of tokens, got {s.max_batch_tokens}")
     if s.page_size is not None and s.page_size < 4:
