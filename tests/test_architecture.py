@@ -125,9 +125,8 @@ def test_every_module_says_what_it_holds_and_stays_small(name):
         )
 
 
-# Names that mean the same kind of thing wherever they are (entry points), or that the CLI repeats
-# on purpose so that `--help` needs no torch import (checked equal below).
-SHARED_NAMES = {"main", "logger", "PROFILER_SEED"}
+# Names that mean the same kind of thing wherever they are (entry points).
+SHARED_NAMES = {"main", "logger"}
 
 
 def top_level_names(path: Path) -> set[str]:
@@ -163,13 +162,15 @@ def test_no_two_modules_share_a_file_name():
         seen[path.name] = path
 
 
-def test_the_cli_repeats_the_profiler_seed_and_the_row_names_exactly():
+def test_the_cli_takes_the_profiler_seed_and_the_row_names_from_their_owners():
+    """They live once, in torch-free modules of their rooms (the CLI's start without torch is checked below)."""
     from duocal.cli import options, profile
     from duocal.eval.row_kinds import ROWS
-    from duocal.profiling import profiler
+    from duocal.eval.row_names import ROW_NAMES
+    from duocal.profiling import profiler, seed
 
-    assert profile.PROFILER_SEED == profiler.PROFILER_SEED
-    assert tuple(options.ROW_NAMES) == tuple(ROWS)
+    assert profile.PROFILER_SEED is seed.PROFILER_SEED and profiler.ProfilerConfig().seed == seed.PROFILER_SEED
+    assert options.ROW_NAMES is ROW_NAMES and tuple(ROWS) == ROW_NAMES
 
 
 def test_ruff_format_and_lint_are_clean():

@@ -33,6 +33,7 @@ from duocal.calibrate.gates import clamp_trainable_
 from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
 from duocal.calibrate.recipe import Recipe, load_resolved
 from duocal.calibrate.ulysses import SequenceParallel
+from duocal.reports.progress_bar import progress_bar
 from duocal_runtime.files.atomic import write_atomic
 
 
@@ -71,25 +72,7 @@ class Metrics:
 
 def calibration_progress(active: bool):
     """Rank 0's bar: step, losses and lr of the last step, elapsed time and ETA."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        TextColumn("calibrate"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[losses]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        disable=not active,
-    )
+    return progress_bar("calibrate", "{task.fields[losses]}", disable=not active)
 
 
 def calibrate(recipe: Recipe, output: str | Path, resume: bool = False) -> Path | None:

@@ -10,9 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-# Evaluation row kinds (duocal/eval/row_kinds.py registers them; a test checks the two agree). Listed
-# here so that `--help` needs no torch import.
-ROW_NAMES = ("full", "duo", "streaming", "h2o", "random", "snapkv", "mix")
+from duocal.eval.row_names import ROW_NAMES
 
 ModelOpt = Annotated[
     Optional[str],

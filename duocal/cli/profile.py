@@ -7,10 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from duocal.profiling.seed import PROFILER_SEED
+
 from .options import split
 from .user_errors import user_errors
-
-PROFILER_SEED = 4242  # duocal.profiling.profiler's default (a test checks they agree)
 
 PROFILE_EPILOG = """Examples:
 

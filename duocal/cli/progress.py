@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
+from duocal.reports.progress_bar import progress_bar
+
 
 class EvalProgress:
     """What evaluations report to: `progress(done, total, what)` moves the bar, `progress.row(text)`
@@ -23,23 +25,6 @@ class EvalProgress:
 def eval_progress(label: str):
     """A bar on stderr with units done / in all, elapsed time and ETA; yields an `EvalProgress`."""
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    ) as bar:
+    with progress_bar("{task.description}", console=Console(stderr=True), transient=True) as bar:
         yield EvalProgress(bar, bar.add_task(label, total=None))

@@ -6,11 +6,17 @@ import contextlib
 
 import typer
 
+from duocal_runtime.errors import ConflictingArgumentsError  # torch-free
+
 
 def describe(err: Exception) -> str:
-    """One line for the user: an OSError names its file and what went wrong, without the errno."""
+    """One line for the user: an OSError names its file and what went wrong, without the errno;
+    arguments that exclude each other are named as the options the user typed."""
     if isinstance(err, OSError) and err.strerror and err.filename:
         return f"{err.filename}: {err.strerror[0].lower() + err.strerror[1:]}"
+    if isinstance(err, ConflictingArgumentsError):
+        options = [f"--{name.replace('_', '-')}" for name in err.names]
+        return f"give {' or '.join(options)}, not {'both' if len(options) == 2 else 'several'}"
     return str(err)
 
 

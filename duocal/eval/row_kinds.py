@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import duocal_runtime as dr
+from duocal.eval.row_names import ROW_NAMES
 from duocal_runtime.planning.plan import bounded_head_count
 from duocal_runtime.policies import POLICIES
 
@@ -182,6 +183,8 @@ register_row(
         style=("tab:purple", "P"),
     )
 )
+
+assert tuple(ROWS) == ROW_NAMES, "row_names.ROW_NAMES names the registered rows, in their order"
 
 
 # --- choosing and building rows -------------------------------------------------------------

@@ -71,11 +71,12 @@ class ModelRef:
 
         return self._load(AutoTokenizer.from_pretrained)
 
-    def load_model(self):
-        """The model in its saved dtype, in eval mode."""
+    def load_model(self, dtype=None):
+        """The model in eval mode, in its saved dtype or in `dtype` (a torch dtype)."""
         from transformers import AutoModelForCausalLM
 
-        return self._load(AutoModelForCausalLM.from_pretrained).eval()
+        options = {} if dtype is None else {"dtype": dtype}
+        return self._load(lambda path: AutoModelForCausalLM.from_pretrained(path, **options)).eval()
 
     def _load(self, loader):
         """`loader(self.path)`; a Hub id is checked reachable first (duocal's timeout and retries, one

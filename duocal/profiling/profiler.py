@@ -28,10 +28,9 @@ from duocal.eval.protocols import question_start
 from duocal.eval.row_kinds import refuse_beyond_positions
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_keys, kept_share, retrieval_score, selected_by_passes, snapkv_kept
+from duocal.profiling.seed import PROFILER_SEED
 from duocal_runtime.profile.measurements import Measurement, error_name, kept_name
 from duocal_runtime.quant.codes import default_group
-
-PROFILER_SEED = 4242  # not among calibration's or evaluation's default seeds
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,9 @@ def profile_summary(
     """Everything `profiles show` prints; memory is for batch 1, `dtype`, at `context` tokens, full
     heads storing `kv_bits`. With `budget` (and `policies`, default full + the profile's policy),
     the plan is the budget's mix."""
-    if budget is not None and sparsity is not None:
-        raise ValueError("give --sparsity or --budget, not both")
+    from duocal_runtime.planning.plan import check_head_choice  # torch: not at the CLI's start
+
+    check_head_choice(sparsity=sparsity, budget=budget)
     if context < 1:
         raise ValueError(f"--context must be a positive number of tokens, got {context}")
     if budget is not None:

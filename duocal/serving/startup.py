@@ -31,6 +31,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_size: int) -> int | None:
     """The pool as transformers' `num_blocks` counts it (blocks of `page_size` tokens of the plain model)."""
+    from duocal_runtime.paged.pool_size import pool_blocks
     from duocal_runtime.planning.budget import Budget
 
     if kv_memory is not None and num_blocks is not None:
@@ -44,8 +45,22 @@ def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_
     budget = Budget.parse(kv_memory)
     if budget.unit != "bytes":
         raise ValueError(f"--kv-memory takes bytes ('2GiB', '500MB'), got {kv_memory!r}")
-    block = shape.num_hidden_layers * 2 * shape.num_key_value_heads * shape.head_dim * dtype.itemsize * page_size
-    return max(1, int(budget.amount // block))
+    return pool_blocks(budget.amount, shape, dtype, page_size)
+
+
+def check_kv_memory_holds_a_request(kv_memory: str, blocks: int, plan, dtype, page_size: int, context: int) -> None:
+    """Refuse a `--kv-memory` whose pool cannot hold one request of `context` tokens (the server's
+    longest): such a server starts and then serves nothing of that length. Says the smallest that does."""
+    from duocal_runtime.paged.paged_cache import DuoPagedCache
+    from duocal_runtime.paged.pool_size import plain_block_bytes
+
+    smallest = DuoPagedCache.smallest_pool_blocks(plan, dtype, page_size, context)
+    if blocks < smallest:
+        need = smallest * plain_block_bytes(plan.shape, dtype, page_size)
+        raise ValueError(
+            f"--kv-memory {kv_memory} holds no request of {context} tokens (the model's context) with this plan; "
+            f"the smallest pool that holds one is {need:,} bytes: give --kv-memory {-(-need // 2**20)}MiB or more"
+        )
 
 
 def request_bytes(size: str | int | None) -> int:
@@ -83,17 +98,15 @@ SERVE_FIELDS = frozenset(ServeSettings.__dataclass_fields__)  # `duocal serve`'s
 
 def prepare_server(settings: ServeSettings):
     """Load, plan, apply and build the app; (ServedModel, pool summary). Every check comes before the pool."""
-    import torch
-    from transformers import ContinuousBatchingConfig
-
     import duocal_runtime as dr
     from duocal.models import ModelRef
     from duocal_runtime.paged.coded_pages import check_page_holds_groups, coded_policies, page_size_for
     from duocal_runtime.paged.paged_cache import pool_summary
+    from duocal_runtime.paged.pool_size import pool_config
+    from duocal_runtime.planning.plan import check_head_choice
 
     s = settings
-    if s.sparsity is not None and s.budget is not None:
-        raise ValueError("give --sparsity or --budget, not both")
+    check_head_choice(sparsity=s.sparsity, budget=s.budget)
     if s.max_batch_tokens is not None and s.max_batch_tokens < 1:
         raise ValueError(f"--max-batch-tokens must be a positive number of tokens, got {s.max_batch_tokens}")
     if s.page_size is not None and s.page_size < 4:
@@ -106,27 +119,27 @@ def prepare_server(settings: ServeSettings):
     loaded, config = dr.load_profile(chosen), ref.load_config()
     loaded.check_compatible(config)
     context = getattr(config, "max_position_embeddings", 4096)
+    dtype = saved_dtype(config)  # the plan and the pool are made for the dtype the weights load in
+    when = {"context": context if s.budget else None, "dtype": dtype, "kv_bits": s.kv_bits}
+    plan = dr.plan(loaded, sparsity=s.sparsity, budget=s.budget, **when)
+    page_size = s.page_size or page_size_for(plan)
+    for policy in coded_policies(plan):
+        check_page_holds_groups(policy, page_size)
+    blocks = kv_blocks(s.kv_memory, s.num_blocks, plan.shape, dtype, page_size)
+    if s.kv_memory is not None:
+        check_kv_memory_holds_a_request(s.kv_memory, blocks, plan, dtype, page_size, context)
+    runtime = dr.apply(ref.load_model(dtype), plan)  # every option is checked: now the weights load
+    cb_config = pool_config(page_size, blocks, s.max_batch_tokens or min(context, MAX_DEFAULT_BATCH_TOKENS))
+    served = build_app(runtime.model, ref.load_tokenizer(), runtime, ref.name, cb_config, max_bytes)
+    return served, pool_summary(served.manager.cache, context, page_size)
 
-    def plan_and_pool(dtype):
-        when = {"context": context if s.budget else None, "dtype": dtype, "kv_bits": s.kv_bits}
-        plan = dr.plan(loaded, sparsity=s.sparsity, budget=s.budget, **when)
-        page = s.page_size or page_size_for(plan)
-        for policy in coded_policies(plan):
-            check_page_holds_groups(policy, page)
-        return plan, page, kv_blocks(s.kv_memory, s.num_blocks, plan.shape, dtype, page)
+
+def saved_dtype(config):
+    """The dtype a model folder's weights load in (transformers' "auto": the config's, else float32 here)."""
+    import torch
 
     saved = getattr(config, "dtype", None) or torch.float32
-    plan_and_pool(getattr(torch, saved) if isinstance(saved, str) else saved)  # options checked before the weights load
-    lm = ref.load_model()
-    plan, page_size, blocks = plan_and_pool(lm.dtype)
-    runtime = dr.apply(lm, plan)
-    cb_config = ContinuousBatchingConfig(
-        page_size=page_size,
-        num_blocks=blocks,
-        max_batch_tokens=s.max_batch_tokens or min(context, MAX_DEFAULT_BATCH_TOKENS),
-    )
-    served = build_app(lm, ref.load_tokenizer(), runtime, ref.name, cb_config, max_bytes)
-    return served, pool_summary(served.manager.cache, context, page_size)
+    return getattr(torch, saved) if isinstance(saved, str) else saved
 
 
 def draining_server(config):

@@ -16,12 +16,13 @@ import argparse
 import random
 
 import torch
-from transformers import ContinuousBatchingConfig, LlamaConfig
+from transformers import LlamaConfig
 
 import duocal_runtime as dr
 
 from ..paged.coded_pages import page_size_for
 from ..paged.paged_cache import DuoPagedCache, pool_summary
+from ..paged.pool_size import pool_blocks, pool_config
 from ..planning.budget import Budget
 from .serving import PAGE
 from .shapes import SHAPES
@@ -35,9 +36,8 @@ def synthetic_profile(shape: dr.ModelShape) -> dr.Profile:
 
 def held(config, plan: dr.Plan, kv_bytes: int, context: int, dtype: torch.dtype) -> dict:
     rep = plan.shape.num_attention_heads // plan.shape.num_key_value_heads
-    plain_block = plan.shape.num_hidden_layers * 2 * plan.shape.num_key_value_heads * plan.shape.head_dim
     page = page_size_for(plan, PAGE)  # coded full heads: pages of whole code groups
-    cb = ContinuousBatchingConfig(page_size=page, num_blocks=int(kv_bytes // (plain_block * dtype.itemsize * page)))
+    cb = pool_config(page, pool_blocks(kv_bytes, plan.shape, dtype, page))
     cache = DuoPagedCache(plan, config, cb, torch.device("meta"), dtype, rep)
     return pool_summary(cache, context, page)
 

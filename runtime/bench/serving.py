@@ -24,7 +24,6 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-import torch
 from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
 
 import duocal_runtime as dr
@@ -33,6 +32,7 @@ from ..attention.block_sparse import padded_length
 from ..files.atomic import check_output, write_atomic
 from ..hf.apply import apply
 from ..paged.coded_pages import page_size_for
+from ..paged.pool_size import plain_request_bytes, pool_blocks, pool_config
 from ..planning.budget import Budget
 
 SERVING_ROWS = ("plain", "full", "duo50", "duo75", "h2o50")
@@ -70,10 +70,6 @@ def workload(n: int, prompt: tuple[int, int], new: tuple[int, int], arrivals: st
         out.append(Request([rng.randrange(3, vocab) for _ in range(length)], rng.randint(*new), clock))
         clock += rng.expovariate(rate) if rate else 0.0
     return out
-
-
-def plain_block_bytes(shape: dr.ModelShape, dtype: torch.dtype) -> int:
-    return shape.num_hidden_layers * 2 * shape.num_key_value_heads * shape.head_dim * dtype.itemsize * PAGE
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -159,17 +155,14 @@ def serving_plan(row: str, profile: dr.Profile, shape: dr.ModelShape, context: i
     return plan if bits == 16 else dr.with_kv_bits(plan, bits)
 
 
-def serve_row(model, row: str, plan, requests, num_blocks: int, max_batch_tokens: int, warm: bool) -> RowResult:
-    """`num_blocks`: the pool in plain blocks of PAGE tokens (the same bytes for a plan's larger pages)."""
+def serve_row(model, row: str, plan, requests, kv_bytes: float, max_batch_tokens: int, warm: bool) -> RowResult:
+    """`kv_bytes`: the pool, the same bytes for every row (in blocks of the row's page size)."""
     page = PAGE if plan is None else page_size_for(plan, PAGE)
+    shape = dr.shape_of_config(model.config)
 
     def cb():
-        return ContinuousBatchingConfig(
-            page_size=page,
-            num_blocks=num_blocks * PAGE // page,
-            max_batch_tokens=max_batch_tokens,
-            allow_block_sharing=False,
-        )
+        blocks = pool_blocks(kv_bytes, shape, model.dtype, page)
+        return pool_config(page, blocks, max_batch_tokens, allow_block_sharing=False)
 
     gen = GenerationConfig(
         do_sample=False, max_new_tokens=max(r.new for r in requests), eos_token_id=-1, pad_token_id=0
@@ -177,10 +170,7 @@ def serve_row(model, row: str, plan, requests, num_blocks: int, max_batch_tokens
     by_shape = {padded_length(len(r.prompt)): r for r in requests}  # one prompt per compiled kernel shape
     if plan is None:
         results, held, seconds, _ = serve(model, requests, cb(), gen)
-        per_request = [
-            plain_block_bytes(dr.shape_of_config(model.config), model.dtype) * -(-(len(r.prompt) + r.new) // PAGE)
-            for r in requests
-        ]
+        per_request = [plain_request_bytes(shape, model.dtype, len(r.prompt) + r.new, PAGE) for r in requests]
         return summarise(row, results, held, seconds, statistics.mean(per_request))
     with apply(model, plan):
         warmup = time.perf_counter()
@@ -250,18 +240,16 @@ def main(argv=None) -> None:
     shape, profile = dr.shape_of_config(model.config), dr.load_profile(args.profile)
     requests = workload(args.requests, args.prompt, args.new, args.arrivals, model.config.vocab_size)
     context = args.prompt[1] + args.new[1]
-    block = plain_block_bytes(shape, model.dtype)
-    memory = (
-        Budget.parse(args.kv_memory).amount if args.kv_memory else args.plain_requests * block * -(-context // PAGE)
-    )
-    num_blocks, max_batch_tokens = int(memory // block), args.max_batch_tokens or args.prompt[1]
+    plain_request = plain_request_bytes(shape, model.dtype, context, PAGE)
+    memory = Budget.parse(args.kv_memory).amount if args.kv_memory else args.plain_requests * plain_request
+    max_batch_tokens = args.max_batch_tokens or args.prompt[1]
     rows = args.rows.split(",")
     for row in rows:
         row_parts(row)  # an unknown row fails before any work
     results = []
     for row in rows:
         plan = serving_plan(row, profile, shape, context)
-        results.append(serve_row(model, row, plan, requests, num_blocks, max_batch_tokens, not args.no_warmup))
+        results.append(serve_row(model, row, plan, requests, memory, max_batch_tokens, not args.no_warmup))
         print(f"done {row}: {json.dumps(asdict(results[-1]))}", flush=True)
         measured = {"args": vars(args), "kv_memory": memory, "rows": [asdict(r) for r in results]}
         write_atomic(args.out, json.dumps(measured, indent=2))  # after every row: a stopped workload keeps its rows

@@ -26,6 +26,7 @@ from ..planning.plan import Plan
 from .coded_pages import ALIGN, ring_key, ring_state
 from .paged_attention import PagedLayerPass, PagedStep
 from .pages import BoundedSlots, FullHeadPages, slot_fields
+from .pool_size import plain_block_bytes, plain_request_bytes
 
 logger = logging.getLogger("duocal_runtime.paged")
 
@@ -57,15 +58,10 @@ class DuoPagedCache(PagedAttentionCache):
 
     def __init__(self, plan: Plan, config, cb_config, device, dtype: torch.dtype, rep: int, owner=None):
         # The engine's constructor sizes every layer by one head count: this one is built from the plan.
-        self.config, self.dtype, self.device, self.plan, self.rep = config, dtype, device, plan, rep
+        self._lay_out(plan, dtype, rep, cb_config.page_size)
+        self.config, self.device = config, device
         self.owner = owner  # the Runtime whose attention function reads this cache
         self.max_blocks_per_request = 0
-        self.layers = [LayerHeads.of(plan, layer) for layer in range(plan.shape.num_hidden_layers)]
-        self.cache_allocators = self._allocators(cb_config.page_size)
-        self.bytes_per_sector = lcm(*(ca.bytes_per_block for ca in self.cache_allocators.values()), 128)
-        self.tokens_per_sector = max(
-            (self.bytes_per_sector // ca.bytes_per_block) * ca.tokens_per_page for ca in self.cache_allocators.values()
-        )
         self.max_batch_tokens, self.num_sectors = self._size(config, cb_config)
         non_trash = self.num_sectors * self.bytes_per_sector
         self.cache_tensor = torch.zeros(non_trash + 2 * self.bytes_per_sector, dtype=torch.uint8, device=device)
@@ -73,7 +69,7 @@ class DuoPagedCache(PagedAttentionCache):
         for allocator in self.cache_allocators.values():
             allocator.register_cache_tensor(self.bytes_per_sector, non_trash, self.cache_tensor, self.pool)
         self.allow_block_sharing = self.use_prefix_sharing = False
-        self.num_blocks = non_trash // self.plain_block_bytes(cb_config.page_size)
+        self.num_blocks = non_trash // plain_block_bytes(self.plan.shape, self.dtype, cb_config.page_size)
         self.read_cache_limit, self.max_decode_fast_path_length = None, 0
         self.max_tokens_read = self._readable_tokens(config)
         self.chunk_sensitive = any(p.chunking_changes_result for row in plan.policies for p in row)
@@ -81,6 +77,25 @@ class DuoPagedCache(PagedAttentionCache):
         self._step: PagedStep | None = None
 
     # --- layout and size ------------------------------------------------------------------------
+    def _lay_out(self, plan: Plan, dtype: torch.dtype, rep: int, page_size: int) -> None:
+        """Where each head lives and the sector size: everything but the pool itself."""
+        self.plan, self.dtype, self.rep = plan, dtype, rep
+        self.layers = [LayerHeads.of(plan, layer) for layer in range(plan.shape.num_hidden_layers)]
+        self.cache_allocators = self._allocators(page_size)
+        self.bytes_per_sector = lcm(*(ca.bytes_per_block for ca in self.cache_allocators.values()), 128)
+        self.tokens_per_sector = max(
+            (self.bytes_per_sector // ca.bytes_per_block) * ca.tokens_per_page for ca in self.cache_allocators.values()
+        )
+
+    @classmethod
+    def smallest_pool_blocks(cls, plan: Plan, dtype: torch.dtype, page_size: int, tokens: int) -> int:
+        """The fewest of transformers' `num_blocks` (plain blocks of `page_size` tokens) whose pool holds one
+        request of `tokens` tokens under `plan`: from the layout alone, before any pool or weights exist."""
+        layout = cls.__new__(cls)  # nothing but the layout: no pool, no engine
+        layout._lay_out(plan, dtype, plan.shape.num_attention_heads // plan.shape.num_key_value_heads, page_size)
+        wanted = layout.sectors_for(tokens) * layout.bytes_per_sector
+        return -(-wanted // plain_block_bytes(plan.shape, dtype, page_size))
+
     def _allocators(self, page_size: int) -> dict:
         head_dim, allocators = self.plan.shape.head_dim, {}
         full, coded = [len(layer.full) for layer in self.layers], [layer.coded for layer in self.layers]
@@ -104,11 +119,6 @@ class DuoPagedCache(PagedAttentionCache):
                 states[(layer, ring_key(g))] = ring_state(policy, len(kv_heads), self.plan.shape.head_dim, self.dtype)
         return states
 
-    def plain_block_bytes(self, page_size: int) -> int:
-        """Bytes of `page_size` tokens of every head of every layer: what transformers' `num_blocks` counts."""
-        s = self.plan.shape
-        return s.num_hidden_layers * 2 * s.num_key_value_heads * s.head_dim * self.dtype.itemsize * page_size
-
     def _size(self, config, cb_config) -> tuple[int, int]:
         """(max_batch_tokens, sectors): `num_blocks` converted to this plan's sectors, else transformers'
         sizing from free memory with this pool's sector size."""
@@ -119,10 +129,10 @@ class DuoPagedCache(PagedAttentionCache):
                 dtype=self.dtype,
                 bytes_per_sector=self.bytes_per_sector,
                 tokens_per_sector=self.tokens_per_sector,
-                bytes_per_block=self.plain_block_bytes(cb_config.page_size),
+                bytes_per_block=plain_block_bytes(self.plan.shape, self.dtype, cb_config.page_size),
                 attn_types=list(self.cache_allocators),
             ).infer_max_batch_tokens_and_num_sectors()
-        wanted = cb_config.num_blocks * self.plain_block_bytes(cb_config.page_size)
+        wanted = cb_config.num_blocks * plain_block_bytes(self.plan.shape, self.dtype, cb_config.page_size)
         sectors = wanted // self.bytes_per_sector
         if sectors < 1:
             raise ValueError(
@@ -157,7 +167,8 @@ class DuoPagedCache(PagedAttentionCache):
     def sectors_for(self, tokens: int) -> int:
         """Sectors a request of `tokens` tokens needs when it is alone in the pool."""
         blocks = self.blocks_for(tokens)
-        return sum(ceil(n / self.cache_allocators[name].blocks_per_sector) for name, n in blocks.items())
+        per_sector = {name: self.bytes_per_sector // ca.bytes_per_block for name, ca in self.cache_allocators.items()}
+        return sum(ceil(n / per_sector[name]) for name, n in blocks.items())
 
     def capacity_bytes(self) -> int:
         return self.num_sectors * self.bytes_per_sector
@@ -232,7 +243,7 @@ def pool_summary(cache: DuoPagedCache, context: int, page_size: int) -> dict:
     need = cache.blocks_for(context)
     ceiling = cache.num_sectors + 1
     held = cache.count_storable_requests([need] * ceiling)
-    plain_per_request = -(-context // page_size) * cache.plain_block_bytes(page_size)
+    plain_per_request = plain_request_bytes(cache.plan.shape, cache.dtype, context, page_size)
     return {
         "kv_bytes": cache.capacity_bytes(),
         "context": context,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from ..checks import require_count, require_instance, require_number
-from ..errors import PlanError
+from ..errors import ConflictingArgumentsError, PlanError
 from ..policies import Full, HeadPolicy, policy_from_dict
 from ..profile.format import Profile
 from ..profile.shape import ModelShape
@@ -34,10 +34,22 @@ from .head_order import bounded_order, tie_losses
 from .mixed import check_mix, mix_policies, mixed_choice
 
 
+def check_head_choice(sparsity=None, threshold=None, budget=None) -> None:
+    """How a plan chooses its bounded heads, checked for `plan` and for tools that check their options
+    before they load a model: `sparsity` in [0, 1], `threshold` a finite number, at most one of the three."""
+    for name, value, lo, hi in (("sparsity", sparsity, 0, 1), ("threshold", threshold, None, None)):
+        if value is not None:
+            require_number(name, value, lo, hi)
+    given = tuple(
+        name for name, v in (("sparsity", sparsity), ("threshold", threshold), ("budget", budget)) if v is not None
+    )
+    if len(given) > 1:
+        raise ConflictingArgumentsError(f"give one of sparsity, threshold or budget, not {' and '.join(given)}", given)
+
+
 def bounded_head_count(num_heads: int, sparsity: float) -> int:
     """KV heads made bounded at `sparsity`: round(sparsity * heads) (Python's round: halves to even)."""
-    if not 0.0 <= sparsity <= 1.0:
-        raise PlanError(f"sparsity must be in [0, 1], got {sparsity!r}")
+    check_head_choice(sparsity=sparsity)
     return round(sparsity * num_heads)
 
 
@@ -242,17 +254,10 @@ def plan(
     and zero point per `kv_group` tokens (keys) or channels (values; default gcd(32, head_dim));
     budgets count their bytes (codes, scales, zero points, the 128-token full-precision residual)."""
     require_instance("profile", profile, Profile, "a Profile (load one with dr.load_profile(path_or_name))")
-    for name, value, lo, hi in (("sparsity", sparsity, 0, 1), ("threshold", threshold, None, None)):
-        if value is not None:
-            require_number(name, value, lo, hi)
+    check_head_choice(sparsity=sparsity, threshold=threshold, budget=budget)
     if context is not None:
         require_count("context", context, 1)
     require_count("batch", batch, 1)
-    chosen = [
-        name for name, v in (("sparsity", sparsity), ("threshold", threshold), ("budget", budget)) if v is not None
-    ]
-    if len(chosen) > 1:
-        raise PlanError(f"give one of sparsity, threshold or budget, not {' and '.join(chosen)}")
     d, group = profile.deploy, kv_group or default_group(profile.shape.head_dim)
     full = Full.storing(kv_bits, group)
     if isinstance(policies, str):

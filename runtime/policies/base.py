@@ -18,6 +18,7 @@ import torch
 
 from ..attention.ranks import ranks_of_new_tokens
 from ..errors import PlanError
+from ..quant.codes import plain_bytes
 
 POLICIES: dict[str, type[HeadPolicy]] = {}
 
@@ -91,7 +92,7 @@ class HeadPolicy(ABC):
 
     def kv_bytes(self, seq_len: int, head_dim: int, dtype_bytes: int) -> int:
         """Bytes one KV head holds (keys and values) after `seq_len` real tokens."""
-        return 2 * self.tokens_kept(seq_len) * head_dim * dtype_bytes
+        return plain_bytes(self.tokens_kept(seq_len), head_dim, dtype_bytes)
 
     def check_head_dim(self, head_dim: int) -> None:
         """Raise `PlanError` if the policy cannot store heads of `head_dim` channels (all can, by default)."""

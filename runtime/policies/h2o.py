@@ -102,9 +102,7 @@ class CodedHeavyHitterPolicy(HeavyHitterPolicy):
         return sizes if self.quantized else {k: v for k, v in sizes.items() if k not in ("kv_bits", "group")}
 
     def kv_bytes(self, seq_len: int, head_dim: int, dtype_bytes: int) -> int:
-        if not self.quantized:
-            return super().kv_bytes(seq_len, head_dim, dtype_bytes)
-        return 2 * self.tokens_kept(seq_len) * Q.token_code_bytes(head_dim, self.kv_bits, self.group, dtype_bytes)
+        return Q.token_coded_bytes(self.tokens_kept(seq_len), head_dim, self.kv_bits, self.group, dtype_bytes)
 
     def check_head_dim(self, head_dim: int) -> None:
         Q.check_code_head_dim(self.name, self.kv_bits, self.group, head_dim)

@@ -47,16 +47,22 @@ def quantized_tokens(n: int, group: int, residual: int) -> int:
     return max(0, n - residual) // group * group
 
 
+def plain_bytes(n: int, head_dim: int, dtype_bytes: int) -> int:
+    """Bytes one KV head holds for n tokens in the cache's own dtype (keys and values): every storage
+    kind's full-precision part, and a plain model's whole cache."""
+    return 2 * n * head_dim * dtype_bytes
+
+
 def quantized_bytes(n: int, head_dim: int, bits: int, group: int, residual: int, dtype_bytes: int) -> int:
     """Bytes one KV head holds for n tokens: codes, scales and zero points of the quantized part,
     plus the full-precision residual (keys and values)."""
     if bits == 16:
-        return 2 * n * head_dim * dtype_bytes
+        return plain_bytes(n, head_dim, dtype_bytes)
     q = quantized_tokens(n, group, residual)
     codes = 2 * q * head_dim * bits // 8
     key_params = 2 * (q // group) * head_dim * dtype_bytes
     value_params = 2 * q * (head_dim // group) * dtype_bytes
-    return codes + key_params + value_params + 2 * (n - q) * head_dim * dtype_bytes
+    return codes + key_params + value_params + plain_bytes(n - q, head_dim, dtype_bytes)
 
 
 def _codes(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor, bits: int):
@@ -177,6 +183,13 @@ def check_code_head_dim(policy: str, kv_bits: int, group: int, head_dim: int) ->
 def token_code_bytes(head_dim: int, bits: int, group: int, dtype_bytes: int) -> int:
     """Bytes of one token's keys or values coded on their own (codes, a scale and zero per group of channels)."""
     return head_dim * bits // 8 + 2 * (head_dim // group) * dtype_bytes
+
+
+def token_coded_bytes(n: int, head_dim: int, bits: int, group: int, dtype_bytes: int) -> int:
+    """Bytes one KV head holds for n tokens each coded on its own (keys and values; 16 bits: plain)."""
+    if bits == 16:
+        return plain_bytes(n, head_dim, dtype_bytes)
+    return 2 * n * token_code_bytes(head_dim, bits, group, dtype_bytes)
 
 
 def encode_tokens(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
