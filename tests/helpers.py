@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
+
+import numpy as np
 
 import duocal_runtime as dr
 
@@ -24,3 +27,22 @@ def pool_is_whole(served, seconds=20) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def write_pattern(folder, gates, model_name="models/Mistral-7B-Instruct-v0.2"):
+    """An upstream DuoAttention pattern folder: `full_attention_heads.tsv` of `gates` and its `config.json`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savetxt(folder / "full_attention_heads.tsv", np.array(gates), delimiter="\t")  # upstream: %.18e, tabs
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_name": model_name,
+                "sink_size": 128,
+                "recent_size": 256,
+                "lr": 0.02,
+                "reg_weight": 0.05,
+                "exp_name": "x",
+            }
+        )
+    )
+    return folder

@@ -6,23 +6,7 @@ import pytest
 import duocal_runtime as dr
 from duocal_runtime.profile.upstream import KNOWN_MODELS
 
-
-def write_pattern(folder, gates, model_name="models/Mistral-7B-Instruct-v0.2"):
-    folder.mkdir(parents=True, exist_ok=True)
-    np.savetxt(folder / "full_attention_heads.tsv", np.array(gates), delimiter="\t")  # upstream: %.18e, tabs
-    (folder / "config.json").write_text(
-        json.dumps(
-            {
-                "model_name": model_name,
-                "sink_size": 128,
-                "recent_size": 256,
-                "lr": 0.02,
-                "reg_weight": 0.05,
-                "exp_name": "x",
-            }
-        )
-    )
-    return folder
+from helpers import write_pattern
 
 
 def test_import_clips_and_records_provenance(tmp_path):

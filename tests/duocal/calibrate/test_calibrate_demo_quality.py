@@ -9,7 +9,6 @@ heads it keeps >= 0.85 exact match at 1024 tokens. Evaluated with the evaluation
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,9 @@ import duocal_runtime as dr
 from duocal.demo import DEMO_MODEL_DIR
 from duocal_runtime.planning.head_order import bounded_order
 
-PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "demo-model.json"
+from conftest import REPO
+
+PROFILE = REPO / "profiles" / "demo-model.json"
 
 
 def shipped():

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.cli.app import app
 
+from conftest import REPO
 from helpers import random_profile
 
-REPO = Path(__file__).resolve().parents[1]
 DEMO_PROFILE = str(REPO / "profiles" / "demo-model.json")
 
 

@@ -2,13 +2,12 @@ import json
 
 import numpy as np
 import pytest
-from test_upstream import write_pattern
 from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli import app
 
-from helpers import random_profile
+from helpers import random_profile, write_pattern
 
 runner = CliRunner()
 

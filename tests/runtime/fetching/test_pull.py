@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
-from test_upstream import write_pattern
 from typer.testing import CliRunner
 
 import duocal_runtime as dr
@@ -28,7 +27,7 @@ from duocal_runtime.fetching.prebuilt_index import load_index
 from duocal_runtime.fetching.pull import pull
 from duocal_runtime.profile.upstream import KNOWN_MODELS
 
-from helpers import random_profile
+from helpers import random_profile, write_pattern
 from http_server import LocalServer, Reply
 
 runner = CliRunner()

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matplotlib.image import imread
-from test_upstream import write_pattern
 from typer.testing import CliRunner
 
 import duocal_runtime as dr
@@ -27,7 +26,7 @@ from duocal_runtime.fetching.hub import HubRef
 from duocal_runtime.fetching.pull import pull
 
 from fake_hub import FakeHub
-from helpers import random_profile
+from helpers import random_profile, write_pattern
 from http_server import LocalServer
 
 runner = CliRunner()
