@@ -8,14 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from test_calibrate_run import QUICK, save_tiny_model
+from test_calibrate_run import QUICK
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny-dist") / "model")
 
 
 def calibrate(out, *args, nproc=1, launcher="torchrun"):
@@ -51,9 +46,9 @@ def close(a, b, tol=1e-5):
     return max(abs(x - y) for x, y in zip(flat(a), flat(b))) <= tol
 
 
-def test_zero3_on_two_processes_gives_the_gates_of_one(tiny_dir, tmp_path):
+def test_zero3_on_two_processes_gives_the_gates_of_one(tiny_llama_folder, tmp_path):
     common = [
-        f"model.name_or_path={tiny_dir}",
+        f"model.name_or_path={tiny_llama_folder}",
         *QUICK,
         "train.steps=4",
         "train.batch_size=2",
@@ -71,9 +66,9 @@ def test_zero3_on_two_processes_gives_the_gates_of_one(tiny_dir, tmp_path):
     assert close(one["scores"], two["scores"])
 
 
-def test_ulysses_on_two_processes_gives_the_gates_of_one(tiny_dir, tmp_path):
+def test_ulysses_on_two_processes_gives_the_gates_of_one(tiny_llama_folder, tmp_path):
     common = [
-        f"model.name_or_path={tiny_dir}",
+        f"model.name_or_path={tiny_llama_folder}",
         *QUICK,
         "train.steps=3",
         "checkpoint.every=0",

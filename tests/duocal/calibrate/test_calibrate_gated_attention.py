@@ -12,6 +12,8 @@ from duocal.calibrate.gated_attention import ATTENTION_NAME, Gating, install, mi
 from duocal.calibrate.window_blocks import blocked_window_attention, dense_window_attention
 from duocal_runtime import compat as hf_compat
 
+from runtime_models import tiny_model
+
 CASES = [  # T, sink, recent, block, query heads, KV heads
     (100, 4, 8, 8, 4, 2),
     (300, 16, 64, 32, 8, 4),
@@ -65,28 +67,6 @@ def test_mix_follows_gqa_grouping():
     assert out[0, :, 0, 0].tolist() == [1.0, 1.0, 0.0, 0.0, 0.25, 0.25]
 
 
-def tiny_model(family: str):
-    import transformers as tf
-
-    common = dict(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    config = {
-        "llama": lambda: tf.LlamaConfig(**common),
-        "mistral": lambda: tf.MistralConfig(**common, sliding_window=None),
-        "qwen2": lambda: tf.Qwen2Config(**common),
-        "qwen3": lambda: tf.Qwen3Config(**common, head_dim=16),
-    }[family]()
-    torch.manual_seed(0)
-    return tf.AutoModelForCausalLM.from_config(config).eval()
-
-
 def _dense_streaming(sink, recent):
     def fn(module, q, k, v, attention_mask, scaling=None, dropout=0.0, **kw):
         return dense_window_attention(q, k, v, sink, recent, scaling).transpose(1, 2), None
@@ -96,7 +76,7 @@ def _dense_streaming(sink, recent):
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
 def test_teacher_and_student_passes(family):
-    model = tiny_model(family)
+    model = tiny_model(family, layers=3)
     ids = torch.randint(0, 97, (2, 90))
     sink, recent = 4, 16
     with torch.no_grad():
@@ -137,7 +117,7 @@ def test_teacher_and_student_passes(family):
 
 
 def test_missing_gating_is_a_clear_error():
-    model = tiny_model("llama")
+    model = tiny_model("llama", layers=3)
     previous = install(model)
     try:
         with pytest.raises(RuntimeError, match="duocal_gating"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_calibrate_run import QUICK, run_cli, tiny_dir  # noqa: F401  (fixture)
+from test_calibrate_run import QUICK, run_cli
 
 from duocal.calibrate.ranking import assign_scores, candidates, tie_groups
 from duocal_runtime.planning.head_order import bounded_order
@@ -27,11 +27,11 @@ def test_assign_scores_reorders_candidates_only():
     assert plan[-1] == 3 and plan[-2] == 0  # the runtime keeps 3 full first, then 0
 
 
-def test_measured_ranking_orders_heads_by_measured_loss(tiny_dir, tmp_path):  # noqa: F811
+def test_measured_ranking_orders_heads_by_measured_loss(tiny_llama_folder, tmp_path):  # noqa: F811
     out = tmp_path / "run"
     overrides = [o for o in QUICK if not o.startswith("ranking.")]
     result = run_cli(
-        f"model.name_or_path={tiny_dir}",
+        f"model.name_or_path={tiny_llama_folder}",
         *overrides,
         "train.steps=2",
         "ranking.method=measured",

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +19,8 @@ from duocal.calibrate.recipe import load_recipe, load_resolved
 from duocal.calibrate.run import lr_factor
 from duocal.cli.app import app
 
+from runtime_models import save_tiny_model
+
 QUICK = [
     "data.context=[64,128]",
     "data.num_passkeys=[1,2]",
@@ -28,41 +29,6 @@ QUICK = [
     "attention.block=16",
     "ranking.method=gates",
 ]
-
-
-def save_tiny_model(path: Path, model_type: str = "llama") -> Path:
-    """A random 2-layer model with the demo tokenizer (one token per character)."""
-    import transformers as tf
-
-    from duocal.demo.tokenizer import build_tokenizer
-
-    tok = build_tokenizer()
-    common = dict(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    config = (
-        tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=128)
-        if model_type == "gpt2"
-        else tf.LlamaConfig(**common)
-    )
-    torch.manual_seed(0)
-    tf.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def run_cli(*args: str):
@@ -76,11 +42,11 @@ def test_schedule_is_upstreams():
     assert lr_factor(0, 1) == 1.0
 
 
-def test_step_data_shares_and_scales(tiny_dir):
-    recipe = load_recipe(None, [f"model.name_or_path={tiny_dir}", *QUICK])
+def test_step_data_shares_and_scales(tiny_llama_folder):
+    recipe = load_recipe(None, [f"model.name_or_path={tiny_llama_folder}", *QUICK])
     from transformers import AutoTokenizer
 
-    gen = make_generator(recipe.data, AutoTokenizer.from_pretrained(tiny_dir))
+    gen = make_generator(recipe.data, AutoTokenizer.from_pretrained(tiny_llama_folder))
     one = StepData(gen, 0, batch_size=4, micro_batch_size=2, world_size=1)
     two = [StepData(gen, 0, batch_size=4, micro_batch_size=1, world_size=2).micro_batches(3, r) for r in (0, 1)]
     sp = [
@@ -99,10 +65,10 @@ def test_step_data_shares_and_scales(tiny_dir):
     assert sp[1][0].position_ids[0, 0] == sp[0][0].input_ids.shape[1]  # original positions
 
 
-def test_calibrate_writes_profile_heatmap_metrics_config(tiny_dir, tmp_path):
+def test_calibrate_writes_profile_heatmap_metrics_config(tiny_llama_folder, tmp_path):
     out = tmp_path / "run"
     result = run_cli(
-        f"model.name_or_path={tiny_dir}",
+        f"model.name_or_path={tiny_llama_folder}",
         *QUICK,
         "train.steps=3",
         "train.batch_size=2",
@@ -125,9 +91,9 @@ def test_calibrate_writes_profile_heatmap_metrics_config(tiny_dir, tmp_path):
     assert lines[0]["reg_loss"] == pytest.approx(1.0)  # gates start at 1
     assert (out / "gates.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     resolved = load_resolved(out / "config.yaml")
-    assert resolved.train.steps == 3 and resolved.model.name_or_path == str(tiny_dir)
+    assert resolved.train.steps == 3 and resolved.model.name_or_path == str(tiny_llama_folder)
     assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 2
-    again = run_cli(f"model.name_or_path={tiny_dir}", *QUICK, "--output", str(out))
+    again = run_cli(f"model.name_or_path={tiny_llama_folder}", *QUICK, "--output", str(out))
     assert again.exit_code == 1 and "already holds a calibration run" in again.output
 
 
@@ -144,8 +110,8 @@ def _cli_process(*args: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_resume_after_kill_reaches_the_same_gates(tiny_dir, tmp_path):
-    common = [f"model.name_or_path={tiny_dir}", *QUICK, "train.steps=24", "checkpoint.every=3"]
+def test_resume_after_kill_reaches_the_same_gates(tiny_llama_folder, tmp_path):
+    common = [f"model.name_or_path={tiny_llama_folder}", *QUICK, "train.steps=24", "checkpoint.every=3"]
     killed = tmp_path / "killed"
     proc = _cli_process(*common, "--output", str(killed))
     latest = killed / "checkpoints" / "latest.json"
@@ -180,9 +146,9 @@ def test_resume_after_kill_reaches_the_same_gates(tiny_dir, tmp_path):
         (["train.batch_size=3", "train.micro_batch_size=2"], "multiple of train.micro_batch_size"),
     ],
 )
-def test_bad_input_fails_before_any_work(tiny_dir, tmp_path, overrides, message):
+def test_bad_input_fails_before_any_work(tiny_llama_folder, tmp_path, overrides, message):
     out = tmp_path / "run"
-    result = run_cli(f"model.name_or_path={tiny_dir}", *QUICK, *overrides, "--output", str(out))
+    result = run_cli(f"model.name_or_path={tiny_llama_folder}", *QUICK, *overrides, "--output", str(out))
     assert result.exit_code == 1
     assert message in result.output
     assert not (out / "config.yaml").exists() and not (out / "checkpoints").exists()

@@ -35,34 +35,6 @@ ROW_KEYS = {
 }
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A random 2-layer Llama (2 KV heads, 4 query heads) with the demo tokenizer, saved to disk."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from duocal.demo.tokenizer import build_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=1024,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 # --- plans ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("sparsity", [0.0, 0.25, 0.5, 0.75, 1.0])
 @pytest.mark.parametrize("context", [200, 512, 1024])
@@ -126,9 +98,9 @@ def test_window_defaults_to_the_profile():
 
 
 # --- running --------------------------------------------------------------------------------
-def test_batched_answers_equal_answers_alone(tiny_model_dir):
+def test_batched_answers_equal_answers_alone(tiny_llama_folder):
     """Left-padded batches give every row the tokens it gets alone (prompts of unequal length)."""
-    model, tokenizer = models.load_model(tiny_model_dir), models.load_tokenizer(tiny_model_dir)
+    model, tokenizer = models.load_model(tiny_llama_folder), models.load_tokenizer(tiny_llama_folder)
     config = PasskeyEvalConfig(format="digits", samples=2)
     samples = pk.make_samples(tokenizer, 600, config) + pk.make_samples(tokenizer, 520, config)
     pad = pad_token_id(tokenizer, model.config)
@@ -139,8 +111,8 @@ def test_batched_answers_equal_answers_alone(tiny_model_dir):
     assert together == alone
 
 
-def test_rows_and_bytes(tiny_model_dir):
-    model, tokenizer = models.load_model(tiny_model_dir), models.load_tokenizer(tiny_model_dir)
+def test_rows_and_bytes(tiny_llama_folder):
+    model, tokenizer = models.load_model(tiny_llama_folder), models.load_tokenizer(tiny_llama_folder)
     config = PasskeyEvalConfig(
         rows=("full", "streaming", "h2o", "random"),
         sparsities=(0.5,),
@@ -166,8 +138,8 @@ def test_rows_and_bytes(tiny_model_dir):
     assert by["random"].seeds == [0, 1] and by["random"].min <= by["random"].exact_match <= by["random"].max
 
 
-def test_kv_bits_rows_hold_their_codes_and_say_their_bits(tiny_model_dir, tmp_path):
-    model, tokenizer = models.load_model(tiny_model_dir), models.load_tokenizer(tiny_model_dir)
+def test_kv_bits_rows_hold_their_codes_and_say_their_bits(tiny_llama_folder, tmp_path):
+    model, tokenizer = models.load_model(tiny_llama_folder), models.load_tokenizer(tiny_llama_folder)
     config = PasskeyEvalConfig(
         rows=("full", "streaming"), contexts=(512,), samples=2, sink=8, recent=32, format="digits", kv_bits=(16, 4)
     )
@@ -178,17 +150,17 @@ def test_kv_bits_rows_hold_their_codes_and_say_their_bits(tiny_model_dir, tmp_pa
     assert rows[1].kv_bytes <= rows[1].kv_bytes_measured <= 1.05 * rows[1].kv_bytes
     result = runner.invoke(
         app,
-        ["eval", "passkey", "--model", str(tiny_model_dir), "--contexts", "512", "--samples", "1", "--rows", "full"]
+        ["eval", "passkey", "--model", str(tiny_llama_folder), "--contexts", "512", "--samples", "1", "--rows", "full"]
         + ["--format", "digits", "--kv-bits", "16,8", "--no-plot"],
     )
     assert result.exit_code == 0, result.output
     assert "full kv8" in result.stdout
-    bad = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_model_dir), "--kv-bits", "2", "--no-plot"])
+    bad = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_llama_folder), "--kv-bits", "2", "--no-plot"])
     assert bad.exit_code == 1 and "kv bits must be distinct values of 16, 8 and 4, got 2" in bad.output
 
 
 # --- CLI ------------------------------------------------------------------------------------
-def test_cli_json_schema(tiny_model_dir, tmp_path):
+def test_cli_json_schema(tiny_llama_folder, tmp_path):
     plot = tmp_path / "plot.png"
     profile = dr.save_profile(random_profile(layers=2, kv_heads=2, heads=4, head_dim=8), tmp_path / "p.json")
     result = runner.invoke(
@@ -197,7 +169,7 @@ def test_cli_json_schema(tiny_model_dir, tmp_path):
             "eval",
             "passkey",
             "--model",
-            str(tiny_model_dir),
+            str(tiny_llama_folder),
             "--profile",
             str(profile),
             "--contexts",
@@ -244,14 +216,14 @@ def test_cli_json_schema(tiny_model_dir, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_table(tiny_model_dir, tmp_path):
+def test_cli_table(tiny_llama_folder, tmp_path):
     result = runner.invoke(
         app,
         [
             "eval",
             "passkey",
             "--model",
-            str(tiny_model_dir),
+            str(tiny_llama_folder),
             "--contexts",
             "512",
             "--samples",
@@ -283,17 +255,17 @@ def test_cli_table(tiny_model_dir, tmp_path):
         (["--sink", "0"], "sink must be a positive"),
     ],
 )
-def test_cli_bad_options(tiny_model_dir, monkeypatch, args, message):
+def test_cli_bad_options(tiny_llama_folder, monkeypatch, args, message):
     monkeypatch.setattr("duocal.models.resolve.ModelRef.load_model", lambda *a: pytest.fail("loaded the weights"))
-    result = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_model_dir), "--no-plot", *args])
+    result = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_llama_folder), "--no-plot", *args])
     assert result.exit_code != 0
     assert message in result.stderr, result.output
 
 
-def test_cli_profile_of_another_model(tiny_model_dir, tmp_path, monkeypatch):
+def test_cli_profile_of_another_model(tiny_llama_folder, tmp_path, monkeypatch):
     monkeypatch.setattr("duocal.models.resolve.ModelRef.load_model", lambda *a: pytest.fail("loaded the weights"))
     other = dr.save_profile(random_profile(layers=4, kv_heads=2, heads=4, head_dim=8), tmp_path / "other.json")
-    result = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_model_dir), "--profile", str(other)])
+    result = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_llama_folder), "--profile", str(other)])
     assert result.exit_code == 1
     assert "profile is for 4 layers" in result.stderr and "2 layers" in result.stderr
 

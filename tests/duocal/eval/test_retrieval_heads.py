@@ -3,7 +3,6 @@ retrieves like full attention and streaming only them destroys retrieval."""
 
 import pytest
 import torch
-from test_eval_passkey import tiny_model_dir  # noqa: F401 (fixture)
 
 import duocal_runtime as dr
 from duocal import models
@@ -31,8 +30,8 @@ def test_top_heads_orders_and_cuts():
         top_heads(mass, share=0)
 
 
-def test_needle_attention_shape_and_bounds(tiny_model_dir):  # noqa: F811
-    model, tokenizer = models.load_model(tiny_model_dir), models.load_tokenizer(tiny_model_dir)
+def test_needle_attention_shape_and_bounds(tiny_llama_folder):  # noqa: F811
+    model, tokenizer = models.load_model(tiny_llama_folder), models.load_tokenizer(tiny_llama_folder)
     before = model.config._attn_implementation
     samples = pk.make_samples(tokenizer, 512, PasskeyEvalConfig(format="digits", samples=2))
     mass = needle_attention(model, samples)

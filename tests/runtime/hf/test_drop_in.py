@@ -8,14 +8,9 @@ from transformers import GenerationConfig, pipeline
 import duocal_runtime as dr
 from duocal.models import ModelRef
 
-from runtime_models import left_padded_batch, tiny_model
+from runtime_models import left_padded_batch
 
 PLAN = [[dr.SinkWindow(2, 6), dr.H2O(3, 4)], [dr.Full(), dr.SinkH2O(2, 3, 4)]]
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
 
 
 def run(model, **kw):
@@ -24,28 +19,28 @@ def run(model, **kw):
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-def test_generate_without_a_cache_equals_an_explicit_one(model, static):
-    plain = run(model)
-    with dr.apply(model, dr.Plan(dr.shape_of_config(model.config), PLAN)) as runtime:
-        explicit = run(model, cache=runtime.new_cache(max_length=38) if static else runtime.new_cache())
-        implicit = run(model, cache_implementation="static") if static else run(model)
+def test_generate_without_a_cache_equals_an_explicit_one(tiny_llama, static):
+    plain = run(tiny_llama)
+    with dr.apply(tiny_llama, dr.Plan(dr.shape_of_config(tiny_llama.config), PLAN)) as runtime:
+        explicit = run(tiny_llama, cache=runtime.new_cache(max_length=38) if static else runtime.new_cache())
+        implicit = run(tiny_llama, cache_implementation="static") if static else run(tiny_llama)
         config = GenerationConfig(max_new_tokens=8, do_sample=False, cache_implementation="static" if static else None)
-        from_config = run(model, generation_config=config)
+        from_config = run(tiny_llama, generation_config=config)
     assert torch.equal(implicit, explicit) and torch.equal(from_config, explicit)
     assert not torch.equal(explicit, plain)  # the plan really applied
-    assert torch.equal(run(model), plain)  # and remove() took it away
-    assert "generate" not in vars(model) and "forward" not in vars(model)
+    assert torch.equal(run(tiny_llama), plain)  # and remove() took it away
+    assert "generate" not in vars(tiny_llama) and "forward" not in vars(tiny_llama)
 
 
-def test_forward_without_a_cache_makes_one_of_the_runtime(model):
+def test_forward_without_a_cache_makes_one_of_the_runtime(tiny_llama):
     ids, mask = left_padded_batch([25])
-    with dr.apply(model, dr.Plan(dr.shape_of_config(model.config), PLAN)) as runtime:
-        out = model(input_ids=ids, attention_mask=mask)
+    with dr.apply(tiny_llama, dr.Plan(dr.shape_of_config(tiny_llama.config), PLAN)) as runtime:
+        out = tiny_llama(input_ids=ids, attention_mask=mask)
         assert isinstance(out.past_key_values, dr.DuoCache) and out.past_key_values.get_seq_length() == 25
-        explicit = model(input_ids=ids, attention_mask=mask, cache=runtime.new_cache())
+        explicit = tiny_llama(input_ids=ids, attention_mask=mask, cache=runtime.new_cache())
         torch.testing.assert_close(out.logits, explicit.logits, rtol=0, atol=0)
         with pytest.raises(ValueError, match="cache_implementation='offloaded'"):
-            run(model, cache_implementation="offloaded")
+            run(tiny_llama, cache_implementation="offloaded")
 
 
 def test_a_pipeline_generates_under_the_plan():

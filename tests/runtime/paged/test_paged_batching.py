@@ -11,8 +11,6 @@ from transformers import ContinuousBatchingConfig, GenerationConfig
 import duocal_runtime as dr
 from duocal_runtime.paged.manager import PlanRequestError
 
-from runtime_models import tiny_model
-
 NEW = 10
 MIXED = {  # layer 0 / layer 1 of a 2-layer, 2-KV-head model
     "sink_window": [[dr.Full(), dr.SinkWindow(4, 12)], [dr.SinkWindow(2, 20), dr.SinkWindow(2, 20)]],
@@ -64,39 +62,34 @@ def join_mid_decode(manager, batch, new: int) -> list[list[int]]:
     return [results[i] for i in ids]
 
 
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
-
-
 @pytest.mark.parametrize("kind", sorted(MIXED))
-def test_batched_tokens_equal_generate_for_every_policy(model, kind):
-    plan = dr.Plan(dr.shape_of_config(model.config), MIXED[kind])
+def test_batched_tokens_equal_generate_for_every_policy(tiny_llama, kind):
+    plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED[kind])
     batch = prompts([5, 40, 130, 23, 300])
-    with dr.apply(model, plan) as runtime:
-        want = [alone(model, runtime, p) for p in batch]
-        got = model.generate_batch(inputs=batch, generation_config=gen(), continuous_batching_config=config())
+    with dr.apply(tiny_llama, plan) as runtime:
+        want = [alone(tiny_llama, runtime, p) for p in batch]
+        got = tiny_llama.generate_batch(inputs=batch, generation_config=gen(), continuous_batching_config=config())
     assert [r.generated_tokens for r in got.values()] == want
 
 
-def test_the_all_full_plan_equals_plain_continuous_batching(model):
+def test_the_all_full_plan_equals_plain_continuous_batching(tiny_llama):
     batch = prompts([7, 64, 200])
-    plain = model.generate_batch(
+    plain = tiny_llama.generate_batch(
         inputs=batch, generation_config=gen(), continuous_batching_config=config(allow_block_sharing=False)
     )
-    with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())):
-        ours = model.generate_batch(inputs=batch, generation_config=gen(), continuous_batching_config=config())
+    with dr.apply(tiny_llama, dr.uniform_plan(dr.shape_of_config(tiny_llama.config), dr.Full())):
+        ours = tiny_llama.generate_batch(inputs=batch, generation_config=gen(), continuous_batching_config=config())
     assert [r.generated_tokens for r in ours.values()] == [r.generated_tokens for r in plain.values()]
 
 
-def test_requests_that_join_while_others_decode_and_prompts_split_across_passes(model):
+def test_requests_that_join_while_others_decode_and_prompts_split_across_passes(tiny_llama):
     """A small max_batch_tokens splits long prompts across passes (exact for sink windows); requests
     arrive while others decode; sampling with a seed repeats itself."""
-    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["sink_window"])
+    plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED["sink_window"])
     batch = prompts([90, 12, 150, 33])
-    with dr.apply(model, plan) as runtime:
-        want = [alone(model, runtime, p, new=24) for p in batch]
-        manager = model.init_continuous_batching(gen(24), config(max_batch_tokens=48))
+    with dr.apply(tiny_llama, plan) as runtime:
+        want = [alone(tiny_llama, runtime, p, new=24) for p in batch]
+        manager = tiny_llama.init_continuous_batching(gen(24), config(max_batch_tokens=48))
         manager.start()
         try:
             assert join_mid_decode(manager, batch, 24) == want
@@ -106,16 +99,16 @@ def test_requests_that_join_while_others_decode_and_prompts_split_across_passes(
             manager.stop(block=True)
 
 
-def test_h2o_prompts_are_prefilled_in_one_pass_whatever_the_load(model):
-    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["h2o"])
+def test_h2o_prompts_are_prefilled_in_one_pass_whatever_the_load(tiny_llama):
+    plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED["h2o"])
     batch = prompts([60, 60, 60, 9])
-    with dr.apply(model, plan) as runtime:
-        want = [alone(model, runtime, p) for p in batch]
-        got = model.generate_batch(
+    with dr.apply(tiny_llama, plan) as runtime:
+        want = [alone(tiny_llama, runtime, p) for p in batch]
+        got = tiny_llama.generate_batch(
             inputs=batch, generation_config=gen(), continuous_batching_config=config(max_batch_tokens=64)
         )
         assert [r.generated_tokens for r in got.values()] == want
-        manager = model.init_continuous_batching(gen(), config(max_batch_tokens=64))
+        manager = tiny_llama.init_continuous_batching(gen(), config(max_batch_tokens=64))
         manager.start()
         try:
             with pytest.raises(PlanRequestError, match="longer than max_batch_tokens"):
@@ -124,10 +117,10 @@ def test_h2o_prompts_are_prefilled_in_one_pass_whatever_the_load(model):
             manager.stop(block=True)
 
 
-def test_a_request_the_pool_can_never_hold_is_refused_at_once(model):
-    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["sink_window"])
-    with dr.apply(model, plan):
-        manager = model.init_continuous_batching(gen(), config(num_blocks=4))
+def test_a_request_the_pool_can_never_hold_is_refused_at_once(tiny_llama):
+    plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED["sink_window"])
+    with dr.apply(tiny_llama, plan):
+        manager = tiny_llama.init_continuous_batching(gen(), config(num_blocks=4))
         manager.start()
         try:
             started = time.perf_counter()
@@ -138,10 +131,10 @@ def test_a_request_the_pool_can_never_hold_is_refused_at_once(model):
             manager.stop(block=True)
 
 
-def test_cancelled_requests_free_their_pages(model):
-    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["mixed"])
-    with dr.apply(model, plan):
-        manager = model.init_continuous_batching(gen(400), config())
+def test_cancelled_requests_free_their_pages(tiny_llama):
+    plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED["mixed"])
+    with dr.apply(tiny_llama, plan):
+        manager = tiny_llama.init_continuous_batching(gen(400), config())
         manager.start()
         try:
             rid = manager.add_request(prompts([50])[0], max_new_tokens=400, streaming=True)
@@ -157,38 +150,38 @@ def test_cancelled_requests_free_their_pages(model):
             manager.stop(block=True)
 
 
-def test_request_bytes_are_the_plans_analytic_size_with_page_rounding(model):
-    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["mixed"])
-    with dr.apply(model, plan):
-        cache = model.init_continuous_batching(gen(), config()).cache
-    shape, itemsize = plan.shape, model.dtype.itemsize
+def test_request_bytes_are_the_plans_analytic_size_with_page_rounding(tiny_llama):
+    plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED["mixed"])
+    with dr.apply(tiny_llama, plan):
+        cache = tiny_llama.init_continuous_batching(gen(), config()).cache
+    shape, itemsize = plan.shape, tiny_llama.dtype.itemsize
     for tokens in (1, 16, 17, 300):
         full = sum(not p.bounded for row in plan.policies for p in row)
         pages = -(-tokens // 16) * 16 * full * 2 * shape.head_dim * itemsize
         bounded = sum(p.budget for row in plan.policies for p in row if p.bounded) * 2 * shape.head_dim * itemsize
         assert pages + bounded <= cache.bytes_for(tokens) <= 1.05 * (pages + bounded) + 4096  # ranks, scores, alignment
-        assert cache.bytes_for(tokens) <= plan.kv_bytes(tokens, 1, model.dtype) * 1.05 + 16 * full * 512 + 4096
+        assert cache.bytes_for(tokens) <= plan.kv_bytes(tokens, 1, tiny_llama.dtype) * 1.05 + 16 * full * 512 + 4096
 
 
-def test_coded_bounded_heads_take_their_codes_bytes_in_the_pool(model):
-    shape = dr.shape_of_config(model.config)
+def test_coded_bounded_heads_take_their_codes_bytes_in_the_pool(tiny_llama):
+    shape = dr.shape_of_config(tiny_llama.config)
     byte_sizes = {}
     for bits in (16, 4):
         coded = {} if bits == 16 else {"kv_bits": 4, "group": 8}
         plan = dr.uniform_plan(shape, dr.H2O(24, 24, **coded))
-        with dr.apply(model, plan):
-            byte_sizes[bits] = model.init_continuous_batching(gen(), config()).cache.bytes_for(100)
-        assert byte_sizes[bits] <= plan.kv_bytes(100, 1, model.dtype) * 1.05 + 4096  # ranks, scores, alignment
+        with dr.apply(tiny_llama, plan):
+            byte_sizes[bits] = tiny_llama.init_continuous_batching(gen(), config()).cache.bytes_for(100)
+        assert byte_sizes[bits] <= plan.kv_bytes(100, 1, tiny_llama.dtype) * 1.05 + 4096  # ranks, scores, alignment
     assert byte_sizes[4] < byte_sizes[16] * 0.7
 
 
-def test_remove_gives_the_model_its_own_continuous_batching_back(model):
-    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["sink_window"])
-    runtime = dr.apply(model, plan)
-    assert "init_continuous_batching" in vars(model)
+def test_remove_gives_the_model_its_own_continuous_batching_back(tiny_llama):
+    plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED["sink_window"])
+    runtime = dr.apply(tiny_llama, plan)
+    assert "init_continuous_batching" in vars(tiny_llama)
     runtime.remove()
-    assert "init_continuous_batching" not in vars(model)
-    plain = model.generate_batch(
+    assert "init_continuous_batching" not in vars(tiny_llama)
+    plain = tiny_llama.generate_batch(
         inputs=prompts([20]), generation_config=gen(), continuous_batching_config=config(allow_block_sharing=False)
     )
     assert len(next(iter(plain.values())).generated_tokens) == NEW
@@ -196,22 +189,22 @@ def test_remove_gives_the_model_its_own_continuous_batching_back(model):
         runtime.init_continuous_batching(gen(), config())
 
 
-def test_a_plan_without_full_heads_decodes_long_requests(model):
+def test_a_plan_without_full_heads_decodes_long_requests(tiny_llama):
     """Bounded heads read their own slots: the engine's read budget must not starve them."""
-    plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.H2O(8, 8))
+    plan = dr.uniform_plan(dr.shape_of_config(tiny_llama.config), dr.H2O(8, 8))
     batch = prompts([300, 250, 280])
-    with dr.apply(model, plan) as runtime:
-        want = [alone(model, runtime, p) for p in batch]
-        got = model.generate_batch(
+    with dr.apply(tiny_llama, plan) as runtime:
+        want = [alone(tiny_llama, runtime, p) for p in batch]
+        got = tiny_llama.generate_batch(
             inputs=batch, generation_config=gen(), continuous_batching_config=config(num_blocks=4)
         )
     assert [r.generated_tokens for r in got.values()] == want
 
 
-def test_a_request_beyond_the_models_positions_is_refused(model):
-    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["sink_window"])
-    with dr.apply(model, plan):
-        manager = model.init_continuous_batching(gen(), config(num_blocks=4096))
+def test_a_request_beyond_the_models_positions_is_refused(tiny_llama):
+    plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED["sink_window"])
+    with dr.apply(tiny_llama, plan):
+        manager = tiny_llama.init_continuous_batching(gen(), config(num_blocks=4096))
         manager.start()
         try:
             with pytest.raises(PlanRequestError, match="beyond the model's 512 positions"):
@@ -220,13 +213,13 @@ def test_a_request_beyond_the_models_positions_is_refused(model):
             manager.stop(block=True)
 
 
-def test_an_empty_or_out_of_vocabulary_request_fails_alone_in_generate_batch(model):
-    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["mixed"])
+def test_an_empty_or_out_of_vocabulary_request_fails_alone_in_generate_batch(tiny_llama):
+    plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED["mixed"])
     good = prompts([20])[0]
-    with dr.apply(model, plan) as runtime:
-        want = alone(model, runtime, good)
-        got = model.generate_batch(
-            inputs=[[], good, [model.config.vocab_size + 3]],
+    with dr.apply(tiny_llama, plan) as runtime:
+        want = alone(tiny_llama, runtime, good)
+        got = tiny_llama.generate_batch(
+            inputs=[[], good, [tiny_llama.config.vocab_size + 3]],
             generation_config=gen(),
             continuous_batching_config=config(),
         )
@@ -236,21 +229,21 @@ def test_an_empty_or_out_of_vocabulary_request_fails_alone_in_generate_batch(mod
     assert kept.error is None and kept.generated_tokens == want
 
 
-def test_a_failed_forward_pass_fails_its_requests_and_the_worker_goes_on(model):
+def test_a_failed_forward_pass_fails_its_requests_and_the_worker_goes_on(tiny_llama):
     """A fault injected in the embedding for one marked prompt: that request fails, the next one runs."""
-    plan = dr.Plan(dr.shape_of_config(model.config), MIXED["mixed"])
+    plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED["mixed"])
     marker = 96
 
     def fail_on_marker(_module, args):
         if (args[0] == marker).all():
             raise RuntimeError("injected fault")
 
-    with dr.apply(model, plan) as runtime:
+    with dr.apply(tiny_llama, plan) as runtime:
         good = [t for t in prompts([20])[0] if t != marker]
-        want = alone(model, runtime, good)
-        manager = model.init_continuous_batching(gen(), config())
+        want = alone(tiny_llama, runtime, good)
+        manager = tiny_llama.init_continuous_batching(gen(), config())
         manager.start()
-        hook = model.get_input_embeddings().register_forward_pre_hook(fail_on_marker)
+        hook = tiny_llama.get_input_embeddings().register_forward_pre_hook(fail_on_marker)
         try:
             bad = manager.add_request([marker] * 3)
             failed = manager.get_result(request_id=bad, timeout=30)
