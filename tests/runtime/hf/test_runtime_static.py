@@ -9,6 +9,7 @@ from functools import partial
 
 import pytest
 import torch
+from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
 
@@ -47,7 +48,7 @@ def test_static_cache_gives_the_dynamic_cache_tokens(family, lengths):
     torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("policy", [dr.Full(), dr.SinkWindow(4, 8), dr.H2O(5, 7), dr.SinkH2O(2, 5, 5)], ids=str)
+@pytest.mark.parametrize("policy", policy_matrix(bits=16))
 def test_every_policy_static_equals_dynamic_and_holds_its_preallocation(policy):
     model = tiny_model("llama")
     shape = dr.shape_of_config(model.config)

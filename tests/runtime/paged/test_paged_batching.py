@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from policy_matrix import policy_matrix
 from transformers import ContinuousBatchingConfig, GenerationConfig
 
 import duocal_runtime as dr
@@ -66,6 +67,18 @@ def join_mid_decode(manager, batch, new: int) -> list[list[int]]:
 def test_batched_tokens_equal_generate_for_every_policy(tiny_llama, kind):
     plan = dr.Plan(dr.shape_of_config(tiny_llama.config), MIXED[kind])
     batch = prompts([5, 40, 130, 23, 300])
+    with dr.apply(tiny_llama, plan) as runtime:
+        want = [alone(tiny_llama, runtime, p) for p in batch]
+        got = tiny_llama.generate_batch(inputs=batch, generation_config=gen(), continuous_batching_config=config())
+    assert [r.generated_tokens for r in got.values()] == want
+
+
+@pytest.mark.parametrize("policy", policy_matrix())
+def test_every_policy_alone_batches_like_generate(tiny_llama, policy):
+    """Each policy of the shared matrix on every head: the mixes above pair policies, this one finds a
+    policy that fails only where it is alone (and covers a new policy without a new mix)."""
+    plan = dr.uniform_plan(dr.shape_of_config(tiny_llama.config), policy)
+    batch = prompts([5, 40, 130])
     with dr.apply(tiny_llama, plan) as runtime:
         want = [alone(tiny_llama, runtime, p) for p in batch]
         got = tiny_llama.generate_batch(inputs=batch, generation_config=gen(), continuous_batching_config=config())

@@ -3,6 +3,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
 from duocal_runtime.planning.plan import bounded_order
@@ -107,13 +108,13 @@ def test_budget_in_bytes_and_errors():
         dr.plan(profile, budget="lots", context=10)
 
 
-@pytest.mark.parametrize("policy", ["h2o", "sink_h2o", "sink_window"])
+@pytest.mark.parametrize("policy", policy_matrix(bits=16, fields=("recent",)))
 def test_policy_and_sizes(policy):
-    plan = dr.plan(random_profile(), sparsity=1.0, policy=policy, sink=2, recent=3, heavy=5)
+    plan = dr.plan(random_profile(), sparsity=1.0, policy=policy.name, sink=2, recent=3, heavy=5)
     kinds = {p for row in plan.policies for p in row}
     assert len(kinds) == 1
     (p,) = kinds
-    assert p.name == policy and p.recent == 3
+    assert p.name == policy.name and p.recent == 3
 
 
 @pytest.mark.parametrize("sizes", [dict(sink=0), dict(recent=-1), dict(heavy=0)])

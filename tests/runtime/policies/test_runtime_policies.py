@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from policy_matrix import policy_matrix
 from transformers import DynamicCache
 
 import duocal_runtime as dr
@@ -69,7 +70,7 @@ def test_sink_window_keeps_exactly_sink_and_recent():
             assert runtime_kept_ranks(cache, 1, b, 0) == want
 
 
-@pytest.mark.parametrize("policy", [dr.Full(), dr.SinkWindow(4, 8), dr.H2O(5, 7), dr.SinkH2O(2, 5, 5)], ids=str)
+@pytest.mark.parametrize("policy", policy_matrix(bits=16))
 @pytest.mark.parametrize("decode", [0, 20])
 def test_stored_bytes_equal_the_analytic_size(policy, decode):
     model = tiny_model("llama")

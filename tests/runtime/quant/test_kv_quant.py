@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
 from duocal_runtime.policies import full_quantized
@@ -212,7 +213,7 @@ def test_a_group_that_does_not_divide_head_dim_is_refused_with_a_divisor():
         dr.plan(random_profile(), sparsity=0.5, kv_bits=8, kv_group=24)
 
 
-@pytest.mark.parametrize("policy", [dr.Full(), dr.Full(kv_bits=8, group=8)], ids=["16-bit", "8-bit"])
+@pytest.mark.parametrize("policy", policy_matrix(names=("full",)))
 def test_full_groups_refuse_kept_ranks_whatever_their_width(policy):
     group = policy.make_group([0, 1], 2)
     with pytest.raises(ValueError, match="full heads keep every token"):
