@@ -39,3 +39,12 @@ def tiny_llama_folder(tmp_path_factory) -> Path:
     from runtime_models import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-llama") / "model")
+
+
+@pytest.fixture(scope="module")
+def demo_model():
+    """The bundled demo model (eval mode) and its tokenizer, loaded as the CLI loads them, one per test module."""
+    from duocal.models import ModelRef
+
+    ref = ModelRef.resolve(None)
+    return ref.load_model(), ref.load_tokenizer()

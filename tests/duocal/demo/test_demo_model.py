@@ -18,7 +18,7 @@ RECIPE = REPO / "recipes" / "demo_model.yaml"
 
 
 @pytest.fixture(scope="module")
-def demo():
+def demo_via_transformers():
     model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL_DIR)
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL_DIR)
     return model.eval(), tokenizer
@@ -29,8 +29,8 @@ def record():
     return json.loads((DEMO_MODEL_DIR / "training.json").read_text())
 
 
-def test_demo_model_loads_with_plain_transformers(demo):
-    model, tokenizer = demo
+def test_demo_model_loads_with_plain_transformers(demo_via_transformers):
+    model, tokenizer = demo_via_transformers
     assert type(model).__name__ == "LlamaForCausalLM"
     c = model.config
     assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (4, 8, 4, 16)
@@ -42,15 +42,15 @@ def test_demo_model_loads_with_plain_transformers(demo):
 
 
 @pytest.mark.slow
-def test_demo_model_retrieves_passkeys_at_512_tokens(demo, record):
-    model, tokenizer = demo
+def test_demo_model_retrieves_passkeys_at_512_tokens(demo_via_transformers, record):
+    model, tokenizer = demo_via_transformers
     # Held out: neither a training, stage-evaluation nor final-evaluation seed.
     samples = list(demo_passkeys(tokenizer, 512, seed=99991).samples(32))
     assert greedy_exact_match(model, samples) >= 0.9
 
 
-def test_demo_passkeys_are_the_training_distribution(demo, record):
-    _, tokenizer = demo
+def test_demo_passkeys_are_the_training_distribution(demo_via_transformers, record):
+    _, tokenizer = demo_via_transformers
     data = record["recipe"]["data"]
     assert data["format"] == DEMO_PASSKEY_FORMAT
     recipe_generator = demo_generator(tokenizer, data, (256, 1024), seed=5, questions="one")
@@ -79,8 +79,8 @@ def test_training_record_meets_the_targets(record):
 
 
 @pytest.mark.slow
-def test_recorded_retrieval_heads_hold_the_needle_attention(demo, record):
-    model, tokenizer = demo
+def test_recorded_retrieval_heads_hold_the_needle_attention(demo_via_transformers, record):
+    model, tokenizer = demo_via_transformers
     samples = list(demo_generator(tokenizer, record["recipe"]["data"], 512, seed=4242, questions="one").samples(8))
     mass = needle_attention(model, samples)  # [layer, kv_head]
     strongest = divmod(int(mass.argmax()), mass.shape[1])

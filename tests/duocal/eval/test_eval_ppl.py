@@ -12,18 +12,12 @@ import duocal_runtime as dr
 from duocal.cli.app import app
 from duocal.demo import DEMO_MODEL_DIR
 from duocal.eval.perplexity import PerplexityConfig, evaluate_perplexity, text_windows
-from duocal.models import load_model, load_tokenizer
 
 TEXT = "the quick brown fox jumps over the lazy dog while the passkey waits. " * 40
 
 
-@pytest.fixture(scope="module")
-def demo():
-    return load_model(DEMO_MODEL_DIR), load_tokenizer(DEMO_MODEL_DIR)
-
-
-def test_full_row_equals_the_plain_model_and_a_window_wider_than_the_context_changes_nothing(demo):
-    model, tokenizer = demo
+def test_full_row_equals_the_plain_model_and_a_window_wider_than_the_context_changes_nothing(demo_model):
+    model, tokenizer = demo_model
     config = PerplexityConfig(
         rows=("full", "streaming"), context=300, scored=200, chunk=7, windows=2, sink=100, recent=200
     )
@@ -39,8 +33,8 @@ def test_full_row_equals_the_plain_model_and_a_window_wider_than_the_context_cha
     assert rows["full"].tokens_scored == 400
 
 
-def test_evicting_policies_change_the_loss_and_rows_carry_their_bytes(demo):
-    model, tokenizer = demo
+def test_evicting_policies_change_the_loss_and_rows_carry_their_bytes(demo_model):
+    model, tokenizer = demo_model
     profile = dr.load_profile(str(DEMO_MODEL_DIR.parents[2] / "profiles" / "demo-model.json"))
     config = PerplexityConfig(
         rows=("full", "duo", "streaming", "h2o", "random"),
@@ -56,8 +50,8 @@ def test_evicting_policies_change_the_loss_and_rows_carry_their_bytes(demo):
     assert rows["h2o"].kv_bytes <= rows["duo"].kv_bytes and len(rows["random"].per_seed) == 2
 
 
-def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo):
-    model, tokenizer = demo
+def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo_model):
+    model, tokenizer = demo_model
     profile = dr.load_profile(str(DEMO_MODEL_DIR.parents[2] / "profiles" / "demo-model.json"))
     config = PerplexityConfig(
         rows=("full", "duo", "streaming"),

@@ -16,13 +16,12 @@ from duocal.models import ModelRef
 
 
 @pytest.fixture(scope="module")
-def demo():
-    ref = ModelRef.resolve(None)
-    return ref.load_model(), ref.load_tokenizer(), dr.load_profile(ref.default_profile)
+def demo_with_profile(demo_model):
+    return (*demo_model, dr.load_profile(ModelRef.resolve(None).default_profile))
 
 
-def test_the_context_is_prefilled_without_its_question(demo):
-    model, tok, profile = demo
+def test_the_context_is_prefilled_without_its_question(demo_with_profile):
+    model, tok, profile = demo_with_profile
     sample = pk.make_samples(tok, 512, pk.PasskeyEvalConfig(samples=1))[0]
     start = question_start(sample)
     assert sample.kinds[start] == TokenKind.QUESTION and TokenKind.QUESTION not in sample.kinds[:start]
@@ -38,8 +37,8 @@ def several_questions(tok, samples=1, context=512):
     return pk.make_samples(tok, context, config)
 
 
-def test_every_question_on_its_own_copy_is_the_question_alone_after_the_context(demo):
-    model, tok, profile = demo
+def test_every_question_on_its_own_copy_is_the_question_alone_after_the_context(demo_with_profile):
+    model, tok, profile = demo_with_profile
     sample = several_questions(tok)[0]
     assert len(sample.answers) == 3 and [a.asked_at for a in sample.answers][0] == question_start(sample)
     with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())) as runtime:
@@ -53,8 +52,8 @@ def test_every_question_on_its_own_copy_is_the_question_alone_after_the_context(
     assert asked.seen == [start] * 3
 
 
-def test_multi_turn_asks_in_sequence_on_one_cache_after_the_models_own_answers(demo):
-    model, tok, profile = demo
+def test_multi_turn_asks_in_sequence_on_one_cache_after_the_models_own_answers(demo_with_profile):
+    model, tok, profile = demo_with_profile
     sample = several_questions(tok)[0]
     with dr.apply(model, dr.plan(profile, sparsity=0.5)) as runtime:
         turns = answers_in_turns(model, runtime, sample)
@@ -78,8 +77,8 @@ def test_multi_turn_asks_in_sequence_on_one_cache_after_the_models_own_answers(d
             ids, turn_start = ids + list(got), answer.end
 
 
-def test_rows_of_both_protocols_and_a_query_aware_policy_loses_more_after_the_context(demo):
-    model, tok, profile = demo
+def test_rows_of_both_protocols_and_a_query_aware_policy_loses_more_after_the_context(demo_with_profile):
+    model, tok, profile = demo_with_profile
     config = pk.PasskeyEvalConfig(
         rows=("full", "duo", "snapkv"), sparsities=(0.75,), contexts=(512,), samples=6, protocol="both"
     )
@@ -91,7 +90,7 @@ def test_rows_of_both_protocols_and_a_query_aware_policy_loses_more_after_the_co
     assert abs(by[("duo", "query-agnostic")] - by[("duo", "query-aware")]) <= 1 / 6 + 1e-9
 
 
-def test_cli_protocol_option_and_its_json(demo):
+def test_cli_protocol_option_and_its_json(demo_with_profile):
     result = CliRunner().invoke(
         app,
         [
@@ -114,8 +113,8 @@ def test_cli_protocol_option_and_its_json(demo):
     assert bad.exit_code == 1 and "unknown protocol 'later'" in bad.stderr
 
 
-def test_all_questions_in_all_three_protocols_are_scored_per_question(demo):
-    model, tok, profile = demo
+def test_all_questions_in_all_three_protocols_are_scored_per_question(demo_with_profile):
+    model, tok, profile = demo_with_profile
     config = pk.PasskeyEvalConfig(
         rows=("full", "duo"), sparsities=(0.5,), contexts=(384,), samples=2, protocol="all", questions="all"
     )
@@ -138,7 +137,7 @@ def test_multi_turn_needs_several_questions_and_ruler_has_one_per_prompt():
         RulerConfig(protocol="multi-turn")
 
 
-def test_cli_multi_turn(demo):
+def test_cli_multi_turn(demo_with_profile):
     args = ["eval", "passkey", "--rows", "full", "--contexts", "256", "--samples", "2", "--passkeys", "2"]
     result = CliRunner().invoke(app, [*args, "--protocol", "multi-turn", "--questions", "all", "--json"])
     assert result.exit_code == 0, result.output
