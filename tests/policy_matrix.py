@@ -33,16 +33,18 @@ def policy_matrix(
     *,
     bits: int | None = None,
     bounded: bool | None = None,
+    coded: bool | None = None,
     names: tuple[str, ...] = (),
     fields: tuple[str, ...] = (),
 ):
-    """POLICIES as pytest params (id: the policy as written), filtered by storage bits, boundedness, name, or
-    the size fields a policy has (`fields=("recent",)`: the policies sized by a recent window)."""
+    """POLICIES as pytest params (id: the policy as written), filtered by storage bits, boundedness, codes
+    (kv_bits 8 or 4), name, or the size fields a policy has (`fields=("recent",)`: sized by a recent window)."""
     chosen = [
         p
         for p in POLICIES
         if (bits is None or kv_bits(p) == bits)
         and (bounded is None or p.bounded == bounded)
+        and (coded is None or (kv_bits(p) < 16) == coded)
         and (not names or p.name in names)
         and all(hasattr(p, f) for f in fields)
     ]

@@ -1,8 +1,11 @@
 """`h2o` / `sink_h2o` with `kv_bits` 8 or 4: each slot's codes on their own, the h2o group's every
 slot operation on them, bytes as counted, static = dynamic, and the 16-bit policies as they were."""
 
+import dataclasses
+
 import pytest
 import torch
+from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
 from duocal_runtime.policies.base import Step, policy_from_dict
@@ -59,7 +62,7 @@ class DequantizedH2OGroup(H2OGroup):
         return Q.decode_tokens(Q.encode_tokens(x, p.kv_bits, p.group), p.kv_bits, p.group, x.shape[-1], x.dtype)
 
 
-@pytest.mark.parametrize("policy", CODED, ids=str)
+@pytest.mark.parametrize("policy", policy_matrix(names=("h2o", "sink_h2o"), coded=True))
 def test_coded_slots_attend_and_evict_as_over_their_dequantized_values(policy):
     torch.manual_seed(1)
     b, g, rep, d = 2, 2, 2, 16
@@ -76,7 +79,7 @@ def test_coded_slots_attend_and_evict_as_over_their_dequantized_values(policy):
     assert groups[0].k.dtype == torch.uint8
 
 
-@pytest.mark.parametrize("policy", CODED, ids=str)
+@pytest.mark.parametrize("policy", policy_matrix(names=("h2o", "sink_h2o"), coded=True))
 def test_static_coded_h2o_gives_the_dynamic_tokens_and_the_plans_bytes(policy):
     model = tiny_model("llama")
     shape = dr.shape_of_config(model.config)
@@ -89,10 +92,10 @@ def test_static_coded_h2o_gives_the_dynamic_tokens_and_the_plans_bytes(policy):
         got, logits = greedy_with_logits(model, ids, mask, static, 20)
     assert torch.equal(got, want)
     torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-5)
-    per_slot = 2 * Q.token_code_bytes(shape.head_dim, policy.kv_bits, 8, 4)  # keys and values, fp32 scales
+    per_slot = 2 * Q.token_code_bytes(shape.head_dim, policy.kv_bits, policy.group, 4)  # keys and values, fp32 scales
     assert static.kv_bytes() == 2 * shape.num_kv_heads_total * policy.budget * per_slot  # batch of 2
     assert plan.kv_bytes(64, 2, "float32") == static.kv_bytes()
-    sixteen = dr.uniform_plan(shape, dr.H2O(5, 7) if policy.name == "h2o" else dr.SinkH2O(2, 5, 5))
+    sixteen = dr.uniform_plan(shape, dataclasses.replace(policy, kv_bits=16, group=32))
     assert plan.kv_bytes(64, 1, "bfloat16") <= sixteen.kv_bytes(64, 1, "bfloat16") * (
         0.75 if policy.kv_bits == 8 else 0.5
     )
