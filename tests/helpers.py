@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import time
+
+import numpy as np
 
 import duocal_runtime as dr
 
@@ -52,3 +55,22 @@ def served_over_http(settings, log_level="warning"):
         thread.join(timeout=30)
         served.manager.stop(block=True, hard_stop=True, timeout=10)
         served.runtime.remove()
+
+
+def write_pattern(folder, gates, model_name="models/Mistral-7B-Instruct-v0.2"):
+    """An upstream DuoAttention pattern folder: `full_attention_heads.tsv` of `gates` and its `config.json`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savetxt(folder / "full_attention_heads.tsv", np.array(gates), delimiter="\t")  # upstream: %.18e, tabs
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_name": model_name,
+                "sink_size": 128,
+                "recent_size": 256,
+                "lr": 0.02,
+                "reg_weight": 0.05,
+                "exp_name": "x",
+            }
+        )
+    )
+    return folder

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
@@ -14,23 +16,56 @@ COMMON = dict(
     initializer_range=0.2,
 )
 
-FAMILIES = {
-    "llama": lambda: LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **COMMON),
-    "llama_mha": lambda: LlamaConfig(num_attention_heads=4, num_key_value_heads=4, **COMMON),
-    "mistral": lambda: MistralConfig(num_attention_heads=4, num_key_value_heads=2, sliding_window=None, **COMMON),
-    "qwen2": lambda: Qwen2Config(num_attention_heads=4, num_key_value_heads=2, **COMMON),
-    "qwen3": lambda: Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=16, **COMMON),
+FAMILIES = {  # config builders; keyword arguments override COMMON (e.g. num_hidden_layers)
+    "llama": lambda **kw: LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **{**COMMON, **kw}),
+    "llama_mha": lambda **kw: LlamaConfig(num_attention_heads=4, num_key_value_heads=4, **{**COMMON, **kw}),
+    "mistral": lambda **kw: MistralConfig(
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=None, **{**COMMON, **kw}
+    ),
+    "qwen2": lambda **kw: Qwen2Config(num_attention_heads=4, num_key_value_heads=2, **{**COMMON, **kw}),
+    "qwen3": lambda **kw: Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=16, **{**COMMON, **kw}),
 }
 
 
-def tiny_model(family: str = "llama", seed: int = 0, dtype=torch.float32):
+def tiny_model(family: str = "llama", seed: int = 0, dtype=torch.float32, layers: int = 2):
+    """A random model of `family` (see FAMILIES), in memory, sdpa attention, never stopping at an eos token."""
     torch.manual_seed(seed)
-    config = FAMILIES[family]()
+    config = FAMILIES[family](num_hidden_layers=layers)
     config._attn_implementation = "sdpa"
     model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     model.generation_config.eos_token_id = None  # random weights: never stop early, rows stay comparable
     model.generation_config.pad_token_id = 0
     return model
+
+
+def save_tiny_model(path: Path, model_type: str = "llama") -> Path:
+    """A random 2-layer Llama (4 query heads, 2 KV heads, head_dim 8) with the demo tokenizer (one token
+    per character), saved to `path` for code that takes a model folder; `model_type="gpt2"` saves a
+    model of a family duocal does not support."""
+    import transformers as tf
+
+    from duocal.demo.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    llama = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    gpt2 = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=len(tokenizer))
+    config = tf.GPT2Config(**gpt2) if model_type == "gpt2" else tf.LlamaConfig(**llama)
+    torch.manual_seed(0)
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def left_padded_batch(lengths: list[int], vocab: int = 97, seed: int = 1):

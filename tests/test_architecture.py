@@ -2,8 +2,8 @@
 project modules (imports inside functions count), the runtime never imports duocal / deepspeed /
 datasets, every module says in its first line what it holds, no source file is over 400 lines (a warning over 300)
 (ruff-formatted at 120 columns), no module-level name means two things in one package, no two
-modules share a file name, ruff is clean, the command line starts without torch, and the docs'
-layout table (docs/contributing/architecture.md) names the tree as it is."""
+modules share a file name, ruff is clean, the command line starts without torch, the docs'
+layout table (docs/contributing/architecture.md) names the tree as it is, and tests/ mirrors the source rooms."""
 
 import ast
 import re
@@ -259,3 +259,42 @@ def test_no_module_imports_a_room_of_its_own_layer_or_a_higher_one():
         if b not in PACKAGES and room(a) != room(b) and layer[room(b)] >= layer[room(a)]
     ]
     assert not upward, "imports against the layer order:\n" + "\n".join(sorted(upward))
+
+
+# tests/runtime/<room>/ and tests/duocal/<room>/ hold the tests of runtime/<room>/ and duocal/<room>/; a test
+# file directly in tests/runtime/ or tests/duocal/ tests that package's top modules (checks.py, errors.py...).
+TEST_MIRRORS = {"runtime": REPO / "runtime", "duocal": REPO / "duocal"}
+TEST_FOLDERS = {*TEST_MIRRORS, "vllm", "data"}  # vllm: the plugin's tests, run in .venv-vllm; data: reference files
+PROJECT_WIDE_TESTS = {"test_architecture.py", "test_docs.py", "test_packaging.py", "test_real_model.py"}
+
+
+def stray_test_files() -> list[str]:
+    """Test files in a folder that mirrors no source room, or at tests/ top without being project-wide."""
+    tests = REPO / "tests"
+    stray = [str(p.relative_to(REPO)) for p in tests.glob("test_*.py") if p.name not in PROJECT_WIDE_TESTS]
+    stray += [str(p.relative_to(REPO)) + "/" for p in tests.iterdir() if p.is_dir() and p.name not in TEST_FOLDERS]
+    for mirror, source in TEST_MIRRORS.items():
+        for path in (tests / mirror).rglob("*.py"):
+            folders = path.parent.relative_to(tests / mirror).parts
+            if folders and not (source.joinpath(*folders) / "__init__.py").is_file():
+                stray.append(str(path.relative_to(REPO)))
+    return sorted(s for s in stray if "__pycache__" not in s)
+
+
+def test_the_tests_mirror_the_source_rooms():
+    """Tests sit in the room of the code they test, so tests/ reads as the architecture."""
+    stray = stray_test_files()
+    assert not stray, (
+        f"not in a mirrored room: {stray} (move each to tests/runtime/<room>/ or tests/duocal/<room>/ of the code "
+        f"it tests; tests/ top holds only {sorted(PROJECT_WIDE_TESTS)} and the shared helpers)"
+    )
+
+
+def test_test_file_names_are_unique():
+    """Test modules are imported by their file name (pytest's default import mode, no __init__.py)."""
+    seen: dict[str, Path] = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        if path.relative_to(REPO / "tests").parts[0] == "vllm":
+            continue  # collected only by `make vllm-test`, in its own run
+        assert path.name not in seen, f"{path.relative_to(REPO)} and {seen[path.name].relative_to(REPO)} share a name"
+        seen[path.name] = path
