@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from duocal_runtime.profile.format_version import VERSION as PROFILE_VERSION
+
 from .options import split
 from .user_errors import user_errors
 
@@ -27,7 +29,9 @@ def profile_command(
         Optional[str],
         typer.Argument(help="A model folder, a .gguf file or a known name (default: the bundled demo model)."),
     ] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write (version 2).")] = ...,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help=f"Profile JSON to write (format version {PROFILE_VERSION}).")
+    ] = ...,
     method: Annotated[str, typer.Option(help="How heads are measured (attention: the model's own).")] = "attention",
     data: Annotated[
         str, typer.Option(help="passkey (needles; gives the retrieval score) or text (--text FILE).")
@@ -77,7 +81,7 @@ def profile_command(
 ):
     """Measure every (layer, KV head) from the model's own attention: retrieval score and the share
     of attention a sink window, H2O, sink + H2O and SnapKV would keep, and the error 8- and 4-bit
-    codes add to its output. Writes a version-2 profile whose
+    codes add to its output. Writes a profile (the format version --output names) whose
     scores rank heads like calibrated gates and whose measurements feed mixed plans."""
     import duocal_runtime as dr
     from duocal.models import ModelRef

@@ -50,6 +50,7 @@ def profile_summary(
     profile: dr.Profile,
     sparsity: float | None = None,
     context: int = 32768,
+    context_from: str = "--context",
     budget: str | None = None,
     policies: tuple[str, ...] | None = None,
     dtype: str = "bfloat16",
@@ -92,6 +93,7 @@ def profile_summary(
         "retrieval_heads_per_layer": plan.retrieval_heads_per_layer,
         "score_histogram": score_histogram(profile.flat_scores()),
         "context": context,
+        "context_from": context_from,
         "dtype": memory["dtype"],
         "kv_bits": kv_bits,
         "kv_bytes_full": memory["kv_bytes_full"],
@@ -101,6 +103,14 @@ def profile_summary(
         **tie_report(profile, plan),
         "measurements": sorted(profile.measurements),
     }
+
+
+def policy_text(policy: dict[str, Any] | None) -> str:
+    """{'policy': 'sink_window', 'sink': 64, 'recent': 512} -> 'sink_window (sink 64, recent 512)'."""
+    if policy is None:
+        return "none (every head is full)"
+    sizes = ", ".join(f"{key} {value}" for key, value in policy.items() if key != "policy")
+    return f"{policy['policy']} ({sizes})" if sizes else str(policy["policy"])
 
 
 def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
@@ -122,7 +132,7 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
         f"sparsity {s['sparsity']:.3f} -> retrieval heads per layer: "
         f"{' '.join(map(str, s['retrieval_heads_per_layer']))}"
     )
-    console.print(f"non-retrieval policy: {s['policy']}")
+    console.print(f"non-retrieval policy: {policy_text(s['policy'])}")
     console.print("KV heads per policy: " + ", ".join(f"{name} {n}" for name, n in s["policy_counts"].items()))
     if s["measurements"]:
         console.print(f"measurements: {', '.join(s['measurements'])}")
@@ -132,6 +142,8 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
             f"{s['tie_decided_heads']} bounded heads were chosen among {s['tied_heads']} heads of equal score, "
             f"by {s['ties_broken_by']}{hint}"
         )
+    if s.get("context_from", "--context") != "--context":
+        console.print(f"context {s['context']} tokens: {escape(s['context_from'])}")
     console.print(
         f"KV cache at {s['context']} tokens (batch 1, {s['dtype']}"
         + (f", full heads in {s['kv_bits']}-bit codes" if s.get("kv_bits", 16) != 16 else "")
