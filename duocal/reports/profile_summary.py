@@ -10,6 +10,7 @@ from rich.table import Table
 
 import duocal_runtime as dr
 
+from .terminal import simple_head_box
 from .units import human_bytes
 
 HISTOGRAM_BINS = 10
@@ -123,7 +124,7 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
         f"{s['num_layers']} layers x {s['num_kv_heads']} KV heads ({s['num_attention_heads']} query heads, "
         f"head_dim {s['head_dim']}), fingerprint {s['fingerprint']}"
     )
-    hist = Table(title="score histogram", show_edge=False)
+    hist = Table(title="score histogram", show_edge=False, box=simple_head_box(console))
     for i in range(HISTOGRAM_BINS):
         hist.add_column(f"{i / HISTOGRAM_BINS:.1f}", justify="right")
     hist.add_row(*map(str, s["score_histogram"]))
