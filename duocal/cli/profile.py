@@ -112,10 +112,11 @@ def profile_command(
             protocol=protocol,
             kv_bits=() if kv_bits.strip() == "none" else tuple(split(kv_bits, int, "kv-bits")),
         )
-        check_contexts_fit(config, ref.load_config())  # before the weights load
-        lm = ref.load_model()
+        model_config = ref.load_config()
+        check_contexts_fit(config, model_config)  # before the weights load
         if base is not None:
-            base.check_compatible(lm.config)
+            base.check_compatible(model_config)
+        lm = ref.load_model()
         result = profile_model(lm, ref.load_tokenizer(), config, ref.name)
         if base is not None:
             result = with_measurements(base, result)
