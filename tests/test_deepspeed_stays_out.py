@@ -23,6 +23,7 @@ Tokenizers.from_pretrained = lambda folder, gguf_file: plain_tokenizer({str(DEMO
 out = Path(tempfile.mkdtemp()) / "model"
 convert_gguf(Path("ignored/demo.gguf"), out)
 print("deepspeed" in sys.modules)
+Models.from_pretrained, Tokenizers.from_pretrained = plain_model, plain_tokenizer  # as they were
 original = plain_model({str(DEMO)!r}, dtype=torch.float32).eval()
 converted = plain_model(str(out), dtype=torch.float32).eval()
 ids = torch.arange(3, 40)[None]
@@ -32,7 +33,6 @@ print(same, tied, sorted(p.name for p in out.iterdir()))
 """
 
 SERVE = """
-import sys
 from duocal.serving.startup import ServeSettings, prepare_server
 from duocal.cli.app import app
 served, summary = prepare_server(ServeSettings(sparsity=0.5, num_blocks=64))
@@ -47,13 +47,9 @@ def run(code: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_converting_a_fetched_model_does_not_import_deepspeed_and_writes_the_same_model():
-    imported, checks = run(CONVERT)[-2:]
-    assert imported == "False"
+def test_fetching_and_serving_a_model_do_not_import_deepspeed_and_the_fetched_folder_is_the_model():
+    imported_by_fetch, checks, imported_by_serve = run(CONVERT + SERVE)[-3:]  # one process: one torch import
+    assert imported_by_fetch == "False" and imported_by_serve == "False"
     same, tied, files = checks.split(" ", 2)
     assert same == "True" and tied == "True", checks
     assert "'config.json'" in files and "'model.safetensors'" in files and "'tokenizer.json'" in files, files
-
-
-def test_starting_a_server_does_not_import_deepspeed():
-    assert run(SERVE)[-1] == "False"
