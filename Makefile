@@ -9,9 +9,15 @@ export OMP_NUM_THREADS ?= 1
 setup: $(VENV)/.installed
 
 # torch is pinned through constraints.txt: an unpinned resolve downloads a multi-GB CUDA build.
+# PyPI's torch for Linux is the CUDA build even when pinned: for the CPU-only wheel, name PyTorch's CPU index,
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Empty (the default): pip's own configuration decides (on the project's build machine its find-links hold the CPU wheel).
+TORCH_INDEX ?=
+PIP_TORCH_INDEX := $(if $(strip $(TORCH_INDEX)),--extra-index-url $(strip $(TORCH_INDEX)))
+
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev]'
+	$(VENV)/bin/pip install -q $(PIP_TORCH_INDEX) -c constraints.txt -e '.[dev]'
 	touch $@
 
 # The main job: calibrate the bundled demo model with the default recipe, then compare full

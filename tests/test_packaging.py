@@ -115,3 +115,26 @@ def test_recipes_resolve_from_an_installed_wheel(tmp_path):
     assert run.returncode == 0, run.stderr
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert config["deepspeed"]["config"].startswith(str(site)) and config["source"].startswith(str(site))
+
+
+def make_setup_commands(tmp_path, *assignments: str) -> list[str]:
+    """What `make setup` would run (dry run, forced) into a scratch venv path."""
+    dry = subprocess.run(
+        ["make", "-n", "-B", "setup", f"VENV={tmp_path / 'venv'}", *assignments],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dry.stdout.splitlines()
+
+
+def test_setup_takes_the_cpu_torch_index_when_asked_and_says_how(tmp_path):
+    cpu_index = "https://download.pytorch.org/whl/cpu"
+    plain = [line for line in make_setup_commands(tmp_path) if "pip install" in line]
+    assert len(plain) == 1 and "-c constraints.txt" in plain[0] and "--extra-index-url" not in plain[0], plain
+    chosen = [line for line in make_setup_commands(tmp_path, f"TORCH_INDEX={cpu_index}") if "pip install" in line]
+    assert len(chosen) == 1 and f"--extra-index-url {cpu_index} -c constraints.txt" in chosen[0], chosen
+    comments = "\n".join(line for line in (REPO / "constraints.txt").read_text().splitlines() if line.startswith("#"))
+    assert f"--extra-index-url {cpu_index}" in comments and f"make setup TORCH_INDEX={cpu_index}" in comments
+    assert "CUDA" in comments and "torch==2.13.0" in (REPO / "constraints.txt").read_text().splitlines()

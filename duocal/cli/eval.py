@@ -224,7 +224,7 @@ def ppl(
         )
         source = text or Path(str(resources.files("duocal") / "assets" / "texts" / DEFAULT_TEXT))
         content = read_text(source, "--text")
-        check_window_fits(config, ref.load_config())
+        check_window_fits(config, ref.load_config(), loaded)  # before loading the weights
         lm, tokenizer = ref.load_model(), ref.load_tokenizer()
         with eval_progress("ppl") as progress:
             results = evaluate_perplexity(lm, tokenizer, content, config, profile=loaded, progress=progress)

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from duocal.profiling.seed import PROFILER_SEED
+from duocal_runtime.profile.format_version import VERSION as PROFILE_VERSION
 
 from .options import split
 from .user_errors import user_errors
@@ -27,7 +28,9 @@ def profile_command(
         Optional[str],
         typer.Argument(help="A model folder, a .gguf file or a known name (default: the bundled demo model)."),
     ] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write (version 2).")] = ...,
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help=f"Profile JSON to write (format version {PROFILE_VERSION}).")
+    ] = ...,
     method: Annotated[str, typer.Option(help="How heads are measured (attention: the model's own).")] = "attention",
     data: Annotated[
         str, typer.Option(help="passkey (needles; gives the retrieval score) or text (--text FILE).")
@@ -77,7 +80,7 @@ def profile_command(
 ):
     """Measure every (layer, KV head) from the model's own attention: retrieval score and the share
     of attention a sink window, H2O, sink + H2O and SnapKV would keep, and the error 8- and 4-bit
-    codes add to its output. Writes a version-2 profile whose
+    codes add to its output. Writes a profile (the format version --output names) whose
     scores rank heads like calibrated gates and whose measurements feed mixed plans."""
     import duocal_runtime as dr
     from duocal.models import ModelRef
@@ -108,10 +111,11 @@ def profile_command(
             protocol=protocol,
             kv_bits=() if kv_bits.strip() == "none" else tuple(split(kv_bits, int, "kv-bits")),
         )
-        check_contexts_fit(config, ref.load_config())  # before the weights load
-        lm = ref.load_model()
+        model_config = ref.load_config()
+        check_contexts_fit(config, model_config)  # before the weights load
         if base is not None:
-            base.check_compatible(lm.config)
+            base.check_compatible(model_config)
+        lm = ref.load_model()
         result = profile_model(lm, ref.load_tokenizer(), config, ref.name)
         if base is not None:
             result = with_measurements(base, result)

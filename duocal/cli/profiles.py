@@ -25,11 +25,34 @@ ModelConfigOpt = Annotated[
 ]
 
 
+UNKNOWN_POSITIONS_CONTEXT = 32768  # `profiles show`'s context when the model's config is not on this machine
+
+
+def default_context(profile: dr.Profile) -> tuple[int, str]:
+    """The context `profiles show` sizes memory at, and where it comes from."""
+    from duocal.models.resolve import local_max_positions
+
+    name = profile.model.name_or_path
+    positions = local_max_positions(name)
+    if positions is not None:
+        return positions, "the model's max_position_embeddings"
+    return UNKNOWN_POSITIONS_CONTEXT, (
+        f"assumed: the positions of {name or 'an unnamed model'!s} are unknown here (its config.json is not on "
+        "this machine); pass --context"
+    )
+
+
 @profiles_app.command("show")
 def show(
     profile: ProfileArg,
     sparsity: Annotated[Optional[float], typer.Option(help="Fraction of KV heads made non-retrieval.")] = None,
-    context: Annotated[int, typer.Option(help="Context length for the memory estimate.")] = 32768,
+    context: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Context length for the memory estimate (default: the model's max positions when its config is "
+            f"here, else {UNKNOWN_POSITIONS_CONTEXT})."
+        ),
+    ] = None,
     budget: Annotated[
         Optional[str],
         typer.Option(
@@ -58,10 +81,13 @@ def show(
         if policies is not None and budget is None:
             raise ValueError("--policies chooses per head under a memory budget: give --budget too")
         names = tuple(p.strip() for p in policies.split(",") if p.strip()) if policies else None
+        loaded = dr.load_profile(profile)
+        context, context_from = (context, "--context") if context is not None else default_context(loaded)
         summary = profile_summary(
-            dr.load_profile(profile),
+            loaded,
             sparsity=sparsity,
             context=context,
+            context_from=context_from,
             budget=budget,
             policies=names,
             dtype=dtype,

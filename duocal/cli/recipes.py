@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -15,11 +18,21 @@ recipes_app = typer.Typer(help="List the shipped calibration recipes, or copy on
 
 
 def summary(path: Path) -> str:
-    """The first line of a recipe's header comment."""
+    """The first paragraph of a recipe's header comment, on one line (its closing ':' dropped)."""
+    paragraph = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("#") and line.strip("# "):
-            return line.strip("# ").rstrip(":")
-    return ""
+        text = line.strip("# ") if line.startswith("#") else None
+        if text:
+            paragraph.append(text)
+        elif paragraph:
+            break
+    return " ".join(paragraph).rstrip(":")
+
+
+def listing(rows: list[dict], width: int) -> str:
+    """A recipe per block: its name, then its summary wrapped to `width` columns under it."""
+    wrap = partial(textwrap.fill, width=width, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
+    return "\n".join(f"{row['name']}\n{wrap(row['summary'])}" for row in rows)
 
 
 @recipes_app.command("list")
@@ -31,8 +44,7 @@ def list_recipes(as_json: JsonOpt = False):
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    for row in rows:
-        typer.echo(f"{row['name']:<32} {row['summary']}")
+    typer.echo(listing(rows, width=min(shutil.get_terminal_size().columns, 100)))
 
 
 @recipes_app.command("copy")

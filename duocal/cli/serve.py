@@ -63,10 +63,11 @@ def serve_command(
 ):
     """Serve MODEL with a plan over transformers' OpenAI-compatible endpoints (/v1/chat/completions,
     /v1/completions, /v1/responses, streaming or not; /v1/models, /health), continuous batching on
-    duocal's paged cache. Prints the address and the KV pool (bytes; requests of the model's context
+    duocal's paged cache. Prints the address and the KV pool (MiB/GiB; requests of the model's context
     it holds vs plain attention). The model's id is the MODEL you gave. Errors are OpenAI-shaped JSON; a
     request field the server cannot honour (sampling settings other than the model's, n > 1, logprobs, JSON
     modes, images) is a 400 naming it. Ctrl-C drains open requests, a second Ctrl-C stops at once."""
+    from duocal.reports.units import bytes_with_count, human_bytes
     from duocal.serving.startup import SERVE_FIELDS, ServeSettings, listening_socket, prepare_server, run
 
     with user_errors():
@@ -76,10 +77,10 @@ def serve_command(
     bound = sock.getsockname()[1]
     typer.echo(f"serving {served.name} at http://{host}:{bound}/v1 (chat/completions, completions; streaming)")
     typer.echo(
-        f"KV pool: {summary['kv_bytes']:,} bytes; {summary['requests']} requests of {summary['context']} tokens at "
-        f"once ({summary['bytes_per_request']:,} B each) vs {summary['plain_requests']} with plain attention "
-        f"({summary['plain_bytes_per_request']:,} B each); plan: {served.runtime.plan.num_bounded} of "
-        f"{served.runtime.plan.num_heads} KV heads bounded"
+        f"KV pool: {bytes_with_count(summary['kv_bytes'])}; {summary['requests']} requests of {summary['context']} "
+        f"tokens at once ({human_bytes(summary['bytes_per_request'])} each) vs {summary['plain_requests']} with plain "
+        f"attention ({human_bytes(summary['plain_bytes_per_request'])} each); plan: "
+        f"{served.runtime.plan.num_bounded} of {served.runtime.plan.num_heads} KV heads bounded"
         + ("" if kv_bits == 16 else f", full heads in {kv_bits}-bit codes")
     )
     if run(served, sock):

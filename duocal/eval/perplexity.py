@@ -95,10 +95,12 @@ class PerplexityRow:
         return {**data, "policy": self.row, **self.extra}  # "policy": the row's old key, kept for one release
 
 
-def check_window_fits(config: PerplexityConfig, model_config) -> None:
-    """A window beyond the model's positions is refused before the weights load."""
+def check_window_fits(config: PerplexityConfig, model_config, profile: dr.Profile | None = None) -> None:
+    """What the model's config alone can refuse, before the weights load: a window beyond its
+    positions, a row that needs a profile without one, a profile of another model."""
     limit = model_positions(model_config)
     refuse_beyond_positions([config.context], model_config, f"use --context {limit} or less")
+    require_profile(config.rows, profile, model_config)
 
 
 def text_windows(tokenizer, text: str, context: int, windows: int) -> list[torch.Tensor]:

@@ -14,6 +14,7 @@ from rich.table import Table
 from duocal.eval.passkey_retrieval import PasskeyRow
 from duocal.eval.perplexity import PerplexityRow
 from duocal.eval.row_kinds import ROWS
+from duocal.reports.terminal import simple_head_box, table_console
 from duocal.reports.units import human_bytes
 from duocal_runtime.files.atomic import check_output, write_atomic
 from duocal_runtime.quant.hf_baselines import HF_QUANTIZED
@@ -31,9 +32,10 @@ def row_name(row) -> str:
 
 
 def exact_match_text(row: PasskeyRow) -> str:
+    """'0.450', with the min-max over seeds on a second line: '0.450\n[0.20-0.70]'."""
     text = f"{row.exact_match:.3f}"
     if row.min is not None:
-        text += f" [{row.min:.2f}-{row.max:.2f}]"
+        text += f"\n[{row.min:.2f}-{row.max:.2f}]"
     return text
 
 
@@ -44,18 +46,20 @@ def heads_text(row: PasskeyRow) -> str:
     return f"{row.bounded_heads}/{row.num_heads} {name} {'+'.join(map(str, sizes.values()))}".rstrip()
 
 
-def wide_console() -> Console:
-    """Piped output has no terminal width; rich would fold tables into 80 columns."""
-    return Console() if Console().is_terminal else Console(width=132)
+def compact_table(console: Console, title: str | None) -> Table:
+    """A table that fits 80 columns: two spaces between columns, none at the edges, a rule under the
+    header (in ASCII where UTF-8 would come out mangled)."""
+    return Table(title=title, box=simple_head_box(console), padding=(0, 1, 0, 0), show_edge=False)
 
 
 def render_ppl_table(rows: Sequence[PerplexityRow], console: Console | None = None, title: str | None = None) -> None:
     """Row x sparsity -> perplexity, tokens scored, KV bytes and fraction of full."""
-    table = Table(title=title, box=box.SIMPLE_HEAD)
+    console = console or table_console()
+    table = compact_table(console, title)
     for name in ("row", "context", "sparsity", "ppl", "tokens scored", "KV bytes", "of full"):
-        table.add_column(name, justify="left" if name == "row" else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name == "row" else "right", no_wrap=name != "row")
     for row in rows:
-        ppl = f"{row.ppl:.3f}" + (f" [{min(row.per_seed):.2f}-{max(row.per_seed):.2f}]" if row.per_seed else "")
+        ppl = f"{row.ppl:.3f}" + (f"\n[{min(row.per_seed):.2f}-{max(row.per_seed):.2f}]" if row.per_seed else "")
         table.add_row(
             row_name(row),
             str(row.context),
@@ -65,37 +69,43 @@ def render_ppl_table(rows: Sequence[PerplexityRow], console: Console | None = No
             human_bytes(row.kv_bytes),
             f"{row.fraction_of_full:.3f}",
         )
-    (console or wide_console()).print(table)
+    console.print(table)
+
+
+def sampled_row_label(row: PasskeyRow) -> str:
+    """The row's name, with its seeds (random) and questions asked when there are several."""
+    label = row_name(row) + (f" ({len(row.seeds)} seeds)" if row.seeds else "")
+    return label + (f" ({row.questions} q)" if getattr(row, "questions", None) else "")
+
+
+# the wrapping columns: row names fold past 10 characters, '16/16 sink_window' stays on one line
+WIDTHS = {"row": {"max_width": 10}, "non-full heads": {"min_width": 17}}
 
 
 def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, title: str | None = None) -> None:
-    """Row x context x sparsity -> exact match, KV bytes (analytic and measured), fraction of full."""
-    console = console or wide_console()
-    table = Table(title=title, box=box.SIMPLE_HEAD)
+    """Row x context x sparsity -> exact match, KV bytes (analytic at the context, and held at the end
+    of generation), share of full attention's, the non-full heads (their share is the sparsity).
+    Fits 80 columns: row names and head policies wrap; samples per context belong in the title."""
+    console = console or table_console()
+    table = compact_table(console, title)
     for name, justify in (
         ("row", "left"),
         ("context", "right"),
-        ("sparsity", "right"),
-        ("exact match", "right"),
+        ("exact\nmatch", "right"),
         ("KV bytes", "right"),
-        ("measured", "right"),
-        ("of full", "right"),
-        ("samples", "right"),
+        ("held", "right"),
+        ("of\nfull", "right"),
         ("non-full heads", "left"),
     ):
-        table.add_column(name, justify=justify, no_wrap=True)
+        table.add_column(name, justify=justify, no_wrap=name not in ("row", "non-full heads"), **WIDTHS.get(name, {}))
     for row in rows:
-        samples = f"{row.samples}x{len(row.seeds)}" if row.seeds else str(row.samples)
-        samples += f" ({row.questions} q)" if getattr(row, "questions", None) else ""
         table.add_row(
-            row_name(row),
+            sampled_row_label(row),
             str(row.context),
-            f"{row.sparsity:g}",
             exact_match_text(row),
             human_bytes(row.kv_bytes),
             human_bytes(row.kv_bytes_measured),
-            f"{row.fraction_of_full:.3f}",
-            samples,
+            f"{row.fraction_of_full:.0%}",
             heads_text(row),
         )
     console.print(table)

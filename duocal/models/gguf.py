@@ -30,5 +30,20 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
         del config.quantization_config
     model = type(loaded)(config)
     model.load_state_dict(loaded.state_dict())
-    model.save_pretrained(out_dir)
+    write_model_folder(model, out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def write_model_folder(model, out_dir: Path) -> None:
+    """config.json, generation_config.json and model.safetensors, as `save_pretrained` writes them for
+    a plain model. Not `save_pretrained` itself: it unwraps the model through accelerate, which imports
+    DeepSpeed (seconds, and a warning) whenever it is installed; a fetch has no use for it.
+    Tied weights are stored once (safetensors keeps one name per shared tensor) and tied again on load."""
+    from safetensors.torch import save_model
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(out_dir)
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(out_dir)
+    save_model(model, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .fetch import MARKER, ModelFetchError, fetch_model, give_umask_modes, models_dir, sha256_file
+from .fetch import MARKER, ModelFetchError, cached_model, fetch_model, give_umask_modes, models_dir, sha256_file
 from .gguf import convert_gguf
 from .known import KNOWN_MODELS
 
@@ -188,3 +188,34 @@ def load_model(arg: str | Path | None):
 
 def load_tokenizer(arg: str | Path | None):
     return ModelRef.resolve(arg).load_tokenizer()
+
+
+def local_max_positions(name: str | None, cache_dir: Path | None = None) -> int | None:
+    """`max_position_embeddings` of model `name` (as a profile records it) when its config.json is on
+    this machine: the demo model, a fetched known model, a local folder, a Hub id in the Hub's cache.
+    Reads JSON only; nothing is fetched or loaded. None when no config is here or it does not say."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from .known import DEMO_MODEL_DIR
+
+    if not name:
+        return None
+    if name == DEMO_NAME:
+        config = DEMO_MODEL_DIR / "config.json"
+    elif name in KNOWN_MODELS:
+        folder = cached_model(name, cache_dir)
+        config = folder / "config.json" if folder is not None else None
+    elif is_local_path(name):
+        config = Path(name).expanduser() / "config.json"
+    else:
+        hub = try_to_load_from_cache(name, "config.json") if name.count("/") == 1 else None
+        config = Path(hub) if isinstance(hub, str) else None
+    if config is None or not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    text_config = data.get("text_config", data) if isinstance(data, dict) else None
+    positions = text_config.get("max_position_embeddings") if isinstance(text_config, dict) else None
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None

@@ -1,5 +1,5 @@
 """The training-free profiler: per-head scores and kept-attention measurements from a model's own
-attention on calibration data, written as a version-2 profile (`duocal profile`).
+attention on calibration data, written as a profile (`duocal profile`).
 
 Data: passkey samples (one question each; the rows are the positions that predict the answer and
 the retrieval score looks at the queried needle), or windows of a text file (the rows are the last

@@ -10,6 +10,7 @@ from rich.table import Table
 
 import duocal_runtime as dr
 
+from .terminal import simple_head_box
 from .units import human_bytes
 
 HISTOGRAM_BINS = 10
@@ -50,6 +51,7 @@ def profile_summary(
     profile: dr.Profile,
     sparsity: float | None = None,
     context: int = 32768,
+    context_from: str = "--context",
     budget: str | None = None,
     policies: tuple[str, ...] | None = None,
     dtype: str = "bfloat16",
@@ -93,6 +95,7 @@ def profile_summary(
         "retrieval_heads_per_layer": plan.retrieval_heads_per_layer,
         "score_histogram": score_histogram(profile.flat_scores()),
         "context": context,
+        "context_from": context_from,
         "dtype": memory["dtype"],
         "kv_bits": kv_bits,
         "kv_bytes_full": memory["kv_bytes_full"],
@@ -102,6 +105,14 @@ def profile_summary(
         **tie_report(profile, plan),
         "measurements": sorted(profile.measurements),
     }
+
+
+def policy_text(policy: dict[str, Any] | None) -> str:
+    """{'policy': 'sink_window', 'sink': 64, 'recent': 512} -> 'sink_window (sink 64, recent 512)'."""
+    if policy is None:
+        return "none (every head is full)"
+    sizes = ", ".join(f"{key} {value}" for key, value in policy.items() if key != "policy")
+    return f"{policy['policy']} ({sizes})" if sizes else str(policy["policy"])
 
 
 def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
@@ -114,7 +125,7 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
         f"{s['num_layers']} layers x {s['num_kv_heads']} KV heads ({s['num_attention_heads']} query heads, "
         f"head_dim {s['head_dim']}), fingerprint {s['fingerprint']}"
     )
-    hist = Table(title="score histogram", show_edge=False)
+    hist = Table(title="score histogram", show_edge=False, box=simple_head_box(console))
     for i in range(HISTOGRAM_BINS):
         hist.add_column(f"{i / HISTOGRAM_BINS:.1f}", justify="right")
     hist.add_row(*map(str, s["score_histogram"]))
@@ -123,7 +134,7 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
         f"sparsity {s['sparsity']:.3f} -> retrieval heads per layer: "
         f"{' '.join(map(str, s['retrieval_heads_per_layer']))}"
     )
-    console.print(f"non-retrieval policy: {s['policy']}")
+    console.print(f"non-retrieval policy: {policy_text(s['policy'])}")
     console.print("KV heads per policy: " + ", ".join(f"{name} {n}" for name, n in s["policy_counts"].items()))
     if s["measurements"]:
         console.print(f"measurements: {', '.join(s['measurements'])}")
@@ -133,6 +144,8 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
             f"{s['tie_decided_heads']} bounded heads were chosen among {s['tied_heads']} heads of equal score, "
             f"by {s['ties_broken_by']}{hint}"
         )
+    if s.get("context_from", "--context") != "--context":
+        console.print(f"context {s['context']} tokens: {escape(s['context_from'])}")
     console.print(
         f"KV cache at {s['context']} tokens (batch 1, {s['dtype']}"
         + (f", full heads in {s['kv_bits']}-bit codes" if s.get("kv_bits", 16) != 16 else "")

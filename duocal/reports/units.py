@@ -1,10 +1,5 @@
-"""Numbers for people: bytes in the unit that reads best."""
+"""Numbers for people: bytes in the unit that reads best (the runtime owns the rule; its messages use it too)."""
 
+from duocal_runtime.planning.sizes import bytes_with_count, human_bytes
 
-def human_bytes(n: float) -> str:
-    """'512 B', '1.5 KiB', '180.3 MiB', '16.00 GiB': the largest binary unit below 1024 of it."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}" if unit != "GiB" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+__all__ = ["bytes_with_count", "human_bytes"]

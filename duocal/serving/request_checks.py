@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 
+from duocal.reports.units import bytes_with_count
+
 from .api_errors import ApiError
 
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -39,7 +41,9 @@ async def read_body(request, max_bytes: int) -> bytes:
 
 def too_large(max_bytes: int) -> ApiError:
     return ApiError(
-        413, f"the request body is over {max_bytes} bytes (the server's --max-request-size)", code="request_too_large"
+        413,
+        f"the request body is over {bytes_with_count(max_bytes)} (the server's --max-request-size)",
+        code="request_too_large",
     )
 
 

@@ -53,13 +53,15 @@ def check_kv_memory_holds_a_request(kv_memory: str, blocks: int, plan, dtype, pa
     longest): such a server starts and then serves nothing of that length. Says the smallest that does."""
     from duocal_runtime.paged.paged_cache import DuoPagedCache
     from duocal_runtime.paged.pool_size import plain_block_bytes
+    from duocal_runtime.planning.sizes import bytes_with_count
 
     smallest = DuoPagedCache.smallest_pool_blocks(plan, dtype, page_size, context)
     if blocks < smallest:
         need = smallest * plain_block_bytes(plan.shape, dtype, page_size)
         raise ValueError(
             f"--kv-memory {kv_memory} holds no request of {context} tokens (the model's context) with this plan; "
-            f"the smallest pool that holds one is {need:,} bytes: give --kv-memory {-(-need // 2**20)}MiB or more"
+            f"the smallest pool that holds one is {bytes_with_count(need)}: "
+            f"give --kv-memory {-(-need // 2**20)}MiB or more"
         )
 
 

@@ -24,6 +24,7 @@ from transformers.generation.continuous_batching.continuous_api import (
 )
 from transformers.generation.continuous_batching.requests import RequestState
 
+from ..planning.sizes import bytes_with_count
 from .paged_cache import DuoPagedCache
 
 logger = logging.getLogger("duocal_runtime.paged")
@@ -136,9 +137,10 @@ class DuoBatchingManager(ContinuousBatchingManager):
             )
         if cache.sectors_for(tokens) > cache.num_sectors:
             raise PlanRequestError(
-                f"a request of {prompt} prompt + {new_tokens} new tokens needs {cache.bytes_for(tokens)} bytes of KV "
-                f"cache, more than the whole pool ({cache.capacity_bytes()} bytes); send a shorter one or start the "
-                "server with more KV memory"
+                f"a request of {prompt} prompt + {new_tokens} new tokens needs "
+                f"{bytes_with_count(cache.bytes_for(tokens))} of KV cache, more than the whole pool "
+                f"({bytes_with_count(cache.capacity_bytes())}); send a shorter one or start the server with more "
+                "KV memory"
             )
         if cache.chunk_sensitive and prompt > cache.max_batch_tokens:
             raise PlanRequestError(

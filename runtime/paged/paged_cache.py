@@ -23,6 +23,7 @@ from transformers.generation.continuous_batching.cache_allocators.cache_pool imp
 
 from ..compat import LAYER_KWARG, check_attention_is
 from ..planning.plan import Plan
+from ..planning.sizes import bytes_with_count
 from .coded_pages import ALIGN, ring_key, ring_state
 from .paged_attention import PagedLayerPass, PagedStep
 from .pages import BoundedSlots, FullHeadPages, slot_fields
@@ -136,7 +137,8 @@ class DuoPagedCache(PagedAttentionCache):
         sectors = wanted // self.bytes_per_sector
         if sectors < 1:
             raise ValueError(
-                f"a KV pool of {wanted} bytes holds no sector of this plan ({self.bytes_per_sector} bytes: one "
+                f"a KV pool of {bytes_with_count(wanted)} holds no sector of this plan "
+                f"({bytes_with_count(self.bytes_per_sector)}: one "
                 "request's bounded heads, or a run of full-head pages); give more KV memory"
             )
         return cb_config.max_batch_tokens or PagedAttentionMemoryHandler._default_max_batch_tokens, sectors

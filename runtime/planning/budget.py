@@ -9,6 +9,7 @@ from numbers import Integral
 from typing import Any
 
 from ..errors import PlanError
+from .sizes import bytes_with_count
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float8": 1, "fp8": 1}
 
@@ -63,6 +64,11 @@ class Budget:
         if unit in _BYTE_UNITS:
             return cls(number * _BYTE_UNITS[unit], "bytes")
         return cls(number * _TOKEN_UNITS[unit], "tokens")
+
+    def describe(self, amount: float | None = None) -> str:
+        """`amount` (default: the budget's) in its unit for people: '1.00 GiB (1,073,741,824 bytes)'."""
+        n = int(self.amount if amount is None else amount)
+        return bytes_with_count(n) if self.unit == "bytes" else f"{n:,} tokens"
 
     def measure(self, plan, context: int, batch: int, dtype: Any) -> int:
         return plan.kv_bytes(context, batch, dtype) if self.unit == "bytes" else plan.kv_tokens(context, batch)

@@ -209,8 +209,8 @@ def _bounded_for_budget(profile: Profile, policy: HeadPolicy, budget: Budget, co
 
     if cost(len(order)) > budget.amount:
         raise PlanError(
-            f"impossible budget: {budget.amount:g} {budget.unit} at context {context}, but even with every head "
-            f"on {policy} the KV cache needs {cost(len(order))} {budget.unit}; raise the budget or shrink "
+            f"impossible budget: {budget.describe()} at context {context}, but even with every head "
+            f"on {policy} the KV cache needs {budget.describe(cost(len(order)))}; raise the budget or shrink "
             "the policy's sizes"
         )
     lo, hi = 0, len(order)  # cost is non-increasing in k: find the smallest k that fits

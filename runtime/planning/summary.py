@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .sizes import bytes_with_count
+
 
 def policy_counts(plan) -> dict[str, int]:
     counts: dict[str, int] = {}
@@ -21,7 +23,7 @@ def summary(plan, context: int = 4096, dtype: Any = None) -> str:
             f"plan for {plan.model_name or 'an unnamed model'}: {plan.shape.describe()}",
             "KV heads: " + ", ".join(f"{label} {n}" for label, n in policy_counts(plan).items()),
             "full heads per layer: " + " ".join(map(str, plan.retrieval_heads_per_layer)),
-            f"KV cache at {context} tokens, batch 1, {memory['dtype']}: {memory['kv_bytes_plan']:,} bytes "
+            f"KV cache at {context} tokens, batch 1, {memory['dtype']}: {bytes_with_count(memory['kv_bytes_plan'])} "
             f"({memory['fraction_of_full']:.0%} of full attention)",
         )
     )

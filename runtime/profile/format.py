@@ -36,13 +36,11 @@ from ..files.atomic import write_atomic
 from ..files.strict_json import loads_strict
 from ..policies import HeadPolicy
 from .deploy_defaults import DeployDefaults, deploy_from_dict
+from .format_version import READABLE_VERSIONS, VERSION
 from .measurements import Measurement, checked_table, measurement_from_dict
 from .shape import SHAPE_FIELDS, ModelShape, shape_of_config
 
 FORMAT = "duocal.profile"
-VERSION = 3  # written: deploy sizes per policy ("sizes": {policy: {field: tokens}})
-# read too: 1 (flat deploy sizes shared between policies), 2 (1 + "measurements"; see profile/measurements.py)
-READABLE_VERSIONS = (1, 2, VERSION)
 
 
 @dataclass(frozen=True)

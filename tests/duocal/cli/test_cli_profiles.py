@@ -44,6 +44,37 @@ def test_show_table_default_context(tmp_path):
     result = runner.invoke(app, ["profiles", "show", str(path)])
     assert result.exit_code == 0, result.output
     assert "score histogram" in result.stdout and "32768 tokens" in result.stdout
+    assert "are unknown here" in result.stdout and "pass --context" in result.stdout
+
+
+def test_show_sizes_memory_at_the_models_own_positions_when_its_config_is_here(tmp_path):
+    demo = runner.invoke(app, ["profiles", "show", "demo-model", "--json"], env={"COLUMNS": "200"})
+    assert demo.exit_code == 0, demo.output
+    data = json.loads(demo.stdout)
+    assert data["context"] == 4096 and data["context_from"] == "the model's max_position_embeddings"
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 2048}))
+    profile = dr.save_profile(replace_model_name(random_profile(), str(folder)), tmp_path / "p.json")
+    table = runner.invoke(app, ["profiles", "show", str(profile)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "context 2048 tokens: the model's max_position_embeddings" in table.stdout
+    assert "KV cache at 2048 tokens" in table.stdout
+    given = runner.invoke(app, ["profiles", "show", str(profile), "--context", "100", "--json"])
+    assert json.loads(given.stdout)["context"] == 100
+
+
+def test_show_prints_the_streaming_policy_as_words_not_a_dict():
+    result = runner.invoke(app, ["profiles", "show", "demo-model"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "non-retrieval policy: sink_window (sink 16, recent 64)" in result.stdout
+    assert "{" not in result.stdout and "'policy'" not in result.stdout, result.stdout
+
+
+def replace_model_name(profile: dr.Profile, name: str) -> dr.Profile:
+    from dataclasses import replace
+
+    return replace(profile, model=replace(profile.model, name_or_path=name))
 
 
 def test_validate_exit_codes(tmp_path):
@@ -104,3 +135,13 @@ def test_an_unwritable_output_is_refused_before_any_work(tmp_path, monkeypatch):
     result = runner.invoke(app, ["profiles", "import-upstream", str(folder), "-o", str(tmp_path / "a-file" / "p.json")])
     assert result.exit_code == 1 and "not a directory" in result.stderr
     assert not calls  # nothing was read or converted first
+
+
+def test_profile_help_names_the_format_version_the_profiler_writes():
+    from duocal_runtime.profile.format import VERSION
+
+    written = random_profile().to_dict()["version"]
+    assert written == VERSION
+    result = runner.invoke(app, ["profile", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert f"format version {written}" in result.stdout and "version 2" not in result.stdout

@@ -45,3 +45,16 @@ def test_eval_policies_is_the_old_name_of_rows_with_a_warning():
     assert [r["row"] for r in json.loads(result.stdout)] == ["full"]
     both = runner.invoke(app, ["eval", "ppl", "--policies", "full", "--rows", "full"])
     assert both.exit_code == 1 and "give --rows only" in both.stderr
+
+
+def test_list_reads_whole_at_80_columns_in_a_pipe():
+    result = runner.invoke(app, ["recipes", "list"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, [line for line in lines if len(line) > 80]
+    assert [line for line in lines if not line.startswith(" ")] == list(shipped_recipes())
+    words = " ".join(result.stdout.split())
+    # the whole first paragraph of each header, not its first line cut off
+    assert "sink 128 / recent 256, one 32k sample per step split over 8 GPUs by sequence parallelism)" in words
+    assert "(mit-han-lab/duo-attention scripts/train.sh: 2000 steps" in words
+    assert "(shipped as profiles/smollm2-135m-instruct.json)" in words

@@ -238,7 +238,7 @@ def test_cli_table(tiny_llama_folder, tmp_path):
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "exact match" in result.stdout and "streaming" in result.stdout and "0/4 full" in result.stdout
+    assert "exact" in result.stdout and "streaming" in result.stdout and "0/4 full" in result.stdout
     assert "4/4 sink_window 8+32" in result.stdout
 
 

@@ -48,7 +48,7 @@ def requests_held(model: str | None, kv_bytes: int) -> int:
 
 
 def smallest_named(message: str) -> tuple[int, str]:
-    found = re.search(r"smallest pool that holds one is ([\d,]+) bytes: give --kv-memory (\d+MiB)", message)
+    found = re.search(r"smallest pool that holds one is [^(]*\(([\d,]+) bytes\): give --kv-memory (\d+MiB)", message)
     assert found, message
     return int(found.group(1).replace(",", "")), found.group(2)
 

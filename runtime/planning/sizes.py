@@ -1,0 +1,15 @@
+"""Byte counts for people: '102.7 MiB', with the exact count after it where a message needs both."""
+
+
+def human_bytes(n: float) -> str:
+    """'512 B', '1.5 KiB', '180.3 MiB', '16.00 GiB': the largest binary unit below 1024 of it."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}" if unit != "GiB" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def bytes_with_count(n: int) -> str:
+    """'102.7 MiB (107,642,880 bytes)': readable first, exact for whoever compares numbers; '512 B' alone."""
+    return human_bytes(n) if abs(n) < 1024 else f"{human_bytes(n)} ({int(n):,} bytes)"
