@@ -131,7 +131,6 @@ def test_requests_with_one_x_request_id_all_complete(server):
         ("POST", "/v1/systemone", 404),
         ("POST", "/v1/audio/transcriptions", 404),
         ("GET", "/docs", 404),
-        ("GET", "/openapi.json", 404),
         ("GET", "/v1/completions", 405),
     ],
 )

@@ -2,8 +2,9 @@
 
 The handlers, streaming and tokenization are transformers' (`transformers/cli/serving/`); the app is
 ours, so it has only the routes we mean: POST `/v1/chat/completions`, `/v1/completions`,
-`/v1/responses`, GET `/v1/models` and `/health` (transformers' `/reset`, `/load_model`,
-`/v1/systemone`, `/v1/audio/transcriptions` and FastAPI's docs are 404). What duocal adds: the
+`/v1/responses`, GET `/v1/models`, `/health`, `/metrics` (metrics.py) and `/openapi.json` (openapi.py)
+(transformers' `/reset`, `/load_model`, `/v1/systemone`, `/v1/audio/transcriptions` and FastAPI's docs
+pages are 404). What duocal adds: the
 model is loaded here, checked against the plan and served under one name (another name: 400); its
 continuous batching runs on duocal's paged cache (`dr.apply` makes `model.init_continuous_batching`
 build it), made at start-up so its size is known before the first request; every body is read
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api_errors import ApiError, error_response, install_error_handlers
+from .metrics import install_metrics
+from .openapi import generation_operation
 from .request_checks import DEFAULT_MAX_REQUEST_BYTES, check_body, parse_body, read_body
 from .request_flow import request_id_for, run_while_connected
 
@@ -102,7 +105,7 @@ def build_app(
     batching = state.get_manager(key, use_cb=True)
     batching.init_cb(model, model.generation_config)  # the pool is made now, with the model's sampling settings
     manager = batching._cb
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="duocal serve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     install_error_handlers(app, PlanRequestError, CBWorkerDeadError)
     handlers = {
         "/v1/chat/completions": ChatCompletionHandler(models, state),
@@ -111,9 +114,10 @@ def build_app(
     }
     template = bool(tokenizer.chat_template)
     for path, handler in handlers.items():
-        app.add_api_route(
-            path, generation_route(path, handler, manager, template, name, max_request_bytes), methods=["POST"]
-        )
+        route = generation_route(path, handler, manager, template, name, max_request_bytes)
+        accepted = set(handler._valid_params_class.__mutable_keys__)
+        app.add_api_route(path, route, methods=["POST"], openapi_extra=generation_operation(path, accepted, name))
     app.add_api_route("/v1/models", models_route(name), methods=["GET"])
     app.add_api_route("/health", health_route(manager), methods=["GET"])
+    install_metrics(app, manager, [*handlers, "/v1/models", "/health", "/openapi.json"])
     return ServedModel(app, name, manager, runtime)
