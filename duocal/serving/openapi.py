@@ -25,13 +25,14 @@ def common_fields(model_name: str) -> dict:
         "top_p": number(0, 1),
         "frequency_penalty": number(-2, 2),
         "presence_penalty": number(-2, 2),
-        "seed": {"type": "integer"},
+        "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
         "n": {"type": "integer", "enum": [1]},
         "stop": {"anyOf": [STRING, {"type": "array", "items": STRING}]},
         "suffix": STRING,
         "instructions": STRING,
         "user": STRING,
         "tools": OBJECT_LIST,
+        "parallel_tool_calls": {"type": "boolean"},
         "logit_bias": {
             "type": "object",
             "propertyNames": {"pattern": "^-?[0-9]+$"},
@@ -48,11 +49,32 @@ TEXT_PART = {
     "required": ["type", "text"],
 }
 CONTENT = {"anyOf": [STRING, {"type": "array", "items": TEXT_PART}]}
+ARGUMENTS = {"anyOf": [{"type": "object"}, {"type": "string", "contentMediaType": "application/json"}]}
+FUNCTION = {"type": "object", "properties": {"name": STRING, "arguments": ARGUMENTS}, "required": ["name", "arguments"]}
+TOOL_CALL = {"type": "object", "properties": {"function": FUNCTION}, "required": ["function"]}
 MESSAGE = {
     "type": "object",
-    "properties": {"role": STRING, "content": CONTENT, "tool_calls": OBJECT_LIST},
+    "properties": {
+        "role": STRING,
+        "content": CONTENT,
+        "tool_calls": {"type": "array", "items": TOOL_CALL},
+        "tool_call_id": STRING,
+    },
     "required": ["role"],
 }
+
+
+def item(kind: str, **fields) -> dict:
+    """A `/v1/responses` input item without a role (request_checks.INPUT_ITEMS)."""
+    properties = {"type": {"type": "string", "enum": [kind]}, **fields}
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+INPUT_ITEMS = [
+    item("function_call", call_id=STRING, name=STRING, arguments=ARGUMENTS),
+    item("function_call_output", call_id=STRING, output=STRING),
+    item("reasoning", content={"type": "array", "items": {"type": "object", "properties": {"text": STRING}}}),
+]
 # The field that carries the text to continue, per route (what request_checks.BODY_CHECKS reads).
 PROMPT_FIELDS = {
     "/v1/completions": ("prompt", {"type": "string", "minLength": 1}),
@@ -62,7 +84,7 @@ PROMPT_FIELDS = {
         {
             "anyOf": [
                 {"type": "string", "minLength": 1},
-                {"type": "array", "items": {"anyOf": [MESSAGE, TEXT_PART]}, "minItems": 1},
+                {"type": "array", "items": {"anyOf": [MESSAGE, TEXT_PART, *INPUT_ITEMS]}, "minItems": 1},
             ]
         },
     ),

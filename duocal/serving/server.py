@@ -23,7 +23,7 @@ from typing import Any
 from .api_errors import ApiError, error_response, install_error_handlers
 from .metrics import install_metrics
 from .openapi import generation_operation
-from .request_checks import DEFAULT_MAX_REQUEST_BYTES, check_body, parse_body, read_body
+from .request_checks import DEFAULT_MAX_REQUEST_BYTES, check_body, parse_body, read_body, without_nulls
 from .request_flow import request_id_for, run_while_connected
 
 CHAT_PATHS = ("/v1/chat/completions", "/v1/responses")
@@ -54,7 +54,7 @@ def generation_route(path: str, handler, manager, chat_template: bool, name: str
     from fastapi import Request
 
     async def route(request: Request):
-        body = parse_body(await read_body(request, max_bytes))
+        body = without_nulls(parse_body(await read_body(request, max_bytes)))
         check_body(path, body)
         if path in CHAT_PATHS and not chat_template:
             raise ApiError(400, f"{name} has no chat template: send a prompt to /v1/completions instead")
