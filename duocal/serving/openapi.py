@@ -70,7 +70,7 @@ def item(kind: str, **fields) -> dict:
     return {"type": "object", "properties": properties, "required": list(properties)}
 
 
-INPUT_ITEMS = [
+INPUT_ITEM_SCHEMAS = [
     item("function_call", call_id=STRING, name=STRING, arguments=ARGUMENTS),
     item("function_call_output", call_id=STRING, output=STRING),
     item("reasoning", content={"type": "array", "items": {"type": "object", "properties": {"text": STRING}}}),
@@ -84,7 +84,7 @@ PROMPT_FIELDS = {
         {
             "anyOf": [
                 {"type": "string", "minLength": 1},
-                {"type": "array", "items": {"anyOf": [MESSAGE, TEXT_PART, *INPUT_ITEMS]}, "minItems": 1},
+                {"type": "array", "items": {"anyOf": [MESSAGE, TEXT_PART, *INPUT_ITEM_SCHEMAS]}, "minItems": 1},
             ]
         },
     ),
