@@ -177,6 +177,7 @@ def test_the_openapi_schema_describes_our_routes_and_the_fields_we_check(server)
         "/v1/chat/completions",
         "/v1/responses",
         "/v1/models",
+        "/v1/models/{model_id}",
         "/health",
         "/metrics",
     }

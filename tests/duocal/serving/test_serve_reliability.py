@@ -147,10 +147,10 @@ def test_a_body_over_the_limit_is_a_413(server):
     served, base = server
     big = json.dumps({"model": NAME, "prompt": "a" * (LIMIT + 10), "max_tokens": 3}).encode()
     status, answer, _ = post(base, "/v1/completions", big)
-    assert_error(status, answer, 413, f"over {LIMIT} bytes")
+    assert_error(status, answer, 413, f"({LIMIT:,} bytes)")
     assert answer["error"]["code"] == "request_too_large"
     status, answer, _ = request(base, "POST", "/v1/completions", b"", {"content-length": str(10**9)})
-    assert_error(status, answer, 413, f"over {LIMIT} bytes")
+    assert_error(status, answer, 413, f"({LIMIT:,} bytes)")
     still_serving(served, base)
 
 
