@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from .options import split
+from .progress import eval_progress
 from .user_errors import user_errors
 
 PROFILER_SEED = 4242  # duocal.profiling.profiler's default (a test checks they agree)
@@ -112,7 +113,8 @@ def profile_command(
         lm = ref.load_model()
         if base is not None:
             base.check_compatible(lm.config)
-        result = profile_model(lm, ref.load_tokenizer(), config, ref.name)
+        with eval_progress("profile") as progress:
+            result = profile_model(lm, ref.load_tokenizer(), config, ref.name, progress=progress)
         if base is not None:
             result = with_measurements(base, result)
         dr.save_profile(result, output)

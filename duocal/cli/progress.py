@@ -1,13 +1,58 @@
-"""Progress on stderr for long commands: rich bars that never touch stdout (so `--json` stays clean)."""
+"""Progress on stderr for long commands (stdout stays clean for `--json`).
+
+On a terminal: a rich bar (units done / in all, elapsed, ETA). Anywhere else (a pipe, a log file,
+CI): plain lines every `LINE_SECONDS` and at the end, "passkey: 16/48 (33%), 1:02 elapsed, ETA 2:04,
+duo @ sparsity 0.5, 2048 tokens", because a bar redrawn into a file is unreadable.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
+from collections.abc import Callable
+
+LINE_SECONDS = 15.0  # a plain line at most this often (and at the last unit)
+
+
+def clock_text(seconds: float) -> str:
+    """'1:02:03' or '2:04': whole seconds, as rich shows elapsed time."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def progress_line(label: str, done: int, total: int, elapsed: float, what: str) -> str:
+    """One plain progress line; the ETA is the elapsed time per unit times the units left."""
+    share = f" ({done / total:.0%})" if total else ""
+    eta = f", ETA {clock_text(elapsed / done * (total - done))}" if 0 < done < total else ""
+    tail = f", {what}" if what and what != label else ""
+    return f"{label}: {done}/{total}{share}, {clock_text(elapsed)} elapsed{eta}{tail}"
+
+
+class LineProgress:
+    """`progress(done, total, what)` for a non-terminal: a line when `every` seconds have passed since
+    the last one, when the work changes, and at the end; `progress.row(text)` prints a finished row."""
+
+    def __init__(self, label: str, write: Callable[[str], None], every: float = LINE_SECONDS, clock=time.monotonic):
+        self.label, self.write, self.every, self.clock = label, write, every, clock
+        self.started = clock()
+        self.last: tuple[float, str] | None = None  # when the last line was written, and about what
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        now = self.clock()
+        due = self.last is None or now - self.last[0] >= self.every or what != self.last[1] or done >= total
+        if due and total:
+            self.write(progress_line(self.label, done, total, now - self.started, what))
+            self.last = (now, what)
+
+    def row(self, text: str) -> None:
+        self.write(text)
 
 
 class EvalProgress:
-    """What evaluations report to: `progress(done, total, what)` moves the bar, `progress.row(text)`
-    prints a finished row above it (on stderr, so results are seen as they come)."""
+    """What evaluations report to on a terminal: `progress(done, total, what)` moves the bar,
+    `progress.row(text)` prints a finished row above it."""
 
     def __init__(self, bar, task):
         self.bar, self.task = bar, task
@@ -19,10 +64,19 @@ class EvalProgress:
         self.bar.console.print(text, highlight=False)
 
 
+def stderr_line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
 def eval_progress(label: str):
-    """A bar on stderr with units done / in all, elapsed time and ETA; yields an `EvalProgress`."""
+    """Progress of `label` on stderr: a bar on a terminal, else plain periodic lines (`LineProgress`)."""
     from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield LineProgress(label, stderr_line)
+        return
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -39,7 +93,7 @@ def eval_progress(label: str):
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=console,
         transient=True,
     ) as bar:
         yield EvalProgress(bar, bar.add_task(label, total=None))

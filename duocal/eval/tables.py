@@ -68,15 +68,33 @@ def render_ppl_table(rows: Sequence[PerplexityRow], console: Console | None = No
     (console or wide_console()).print(table)
 
 
+PASSKEY_COLUMNS = (
+    "exact match: share of answers that are the key; "
+    "KV bytes: one sequence's cache at the context (measured: what the cache held); "
+    "of full: KV bytes / full attention's; sparsity: share of KV heads on a bounded policy"
+)
+CLEAN_COLUMN = "clean: share of answers that repeat no 3-word phrase before their first number (not garbled)"
+
+
+def full_first(rows: Sequence[PasskeyRow]) -> list[PasskeyRow]:
+    """Per context (in their order), full attention's row (the reference) first, the others in their order."""
+    contexts = {c: i for i, c in enumerate(dict.fromkeys(r.context for r in rows))}
+    return sorted(rows, key=lambda r: (contexts[r.context], r.row != "full"))
+
+
 def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, title: str | None = None) -> None:
-    """Row x context x sparsity -> exact match, KV bytes (analytic and measured), fraction of full."""
+    """Row x context x sparsity -> exact match (and clean, for chat prompts), KV bytes (analytic and
+    measured), fraction of full; full attention first, a caption saying what the columns mean."""
     console = console or wide_console()
-    table = Table(title=title, box=box.SIMPLE_HEAD)
+    chat = any("clean" in r.extra for r in rows)
+    caption = PASSKEY_COLUMNS + ("; " + CLEAN_COLUMN if chat else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD, caption=caption, caption_justify="left")
     for name, justify in (
         ("row", "left"),
         ("context", "right"),
         ("sparsity", "right"),
         ("exact match", "right"),
+        *((("clean", "right"),) if chat else ()),
         ("KV bytes", "right"),
         ("measured", "right"),
         ("of full", "right"),
@@ -84,7 +102,7 @@ def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, tit
         ("non-full heads", "left"),
     ):
         table.add_column(name, justify=justify, no_wrap=True)
-    for row in rows:
+    for row in full_first(rows):
         samples = f"{row.samples}x{len(row.seeds)}" if row.seeds else str(row.samples)
         samples += f" ({row.questions} q)" if getattr(row, "questions", None) else ""
         table.add_row(
@@ -92,6 +110,7 @@ def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, tit
             str(row.context),
             f"{row.sparsity:g}",
             exact_match_text(row),
+            *((f"{row.extra['clean']:.3f}",) if chat else ()),
             human_bytes(row.kv_bytes),
             human_bytes(row.kv_bytes_measured),
             f"{row.fraction_of_full:.3f}",
