@@ -11,7 +11,7 @@ class FakeClock:
         return self.now
 
 
-def test_lines_come_every_interval_on_a_new_task_and_at_the_end():
+def test_lines_come_first_units_every_interval_on_a_new_task_and_at_the_end():
     clock, lines = FakeClock(), []
     progress = LineProgress("passkey", lines.append, every=15.0, clock=clock)
     progress(0, 48, "full, 2048 tokens")  # the first call: a line
@@ -24,7 +24,8 @@ def test_lines_come_every_interval_on_a_new_task_and_at_the_end():
     progress(48, 48, "duo @ sparsity 0.5, 2048 tokens")  # the last unit: a line
     assert lines == [
         "passkey: 0/48 (0%), 0:00 elapsed, full, 2048 tokens",
-        "passkey: 16/48 (33%), 0:20 elapsed, ETA 0:40, full, 2048 tokens",
+        "passkey: 8/48 (17%), 0:10 elapsed, ETA 0:50, full, 2048 tokens",  # the first units: the first ETA
+        "passkey: 24/48 (50%), 0:25 elapsed, ETA 0:25, full, 2048 tokens",  # 15 s after the last line
         "passkey: 24/48 (50%), 0:30 elapsed, ETA 0:30, duo @ sparsity 0.5, 2048 tokens",
         "passkey: 48/48 (100%), 1:00 elapsed, duo @ sparsity 0.5, 2048 tokens",
     ]

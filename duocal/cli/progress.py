@@ -31,20 +31,22 @@ def progress_line(label: str, done: int, total: int, elapsed: float, what: str) 
 
 
 class LineProgress:
-    """`progress(done, total, what)` for a non-terminal: a line when `every` seconds have passed since
-    the last one, when the work changes, and at the end; `progress.row(text)` prints a finished row."""
+    """`progress(done, total, what)` for a non-terminal: a line at the start, when the first units are
+    done (the first ETA), when `every` seconds have passed since the last line, when the work changes,
+    and at the end; `progress.row(text)` prints a finished row."""
 
     def __init__(self, label: str, write: Callable[[str], None], every: float = LINE_SECONDS, clock=time.monotonic):
         self.label, self.write, self.every, self.clock = label, write, every, clock
         self.started = clock()
-        self.last: tuple[float, str] | None = None  # when the last line was written, and about what
+        self.last: tuple[float, str, int] | None = None  # the last line's time, work and units done
 
     def __call__(self, done: int, total: int, what: str) -> None:
         now = self.clock()
-        due = self.last is None or now - self.last[0] >= self.every or what != self.last[1] or done >= total
+        last = self.last
+        due = last is None or now - last[0] >= self.every or what != last[1] or done >= total or last[2] == 0 < done
         if due and total:
             self.write(progress_line(self.label, done, total, now - self.started, what))
-            self.last = (now, what)
+            self.last = (now, what, done)
 
     def row(self, text: str) -> None:
         self.write(text)
