@@ -127,6 +127,8 @@ def passkey(
       duocal eval passkey --contexts 512,1024 --samples 40 --rows full,streaming,h2o,random --sparsity 0.5
 
       duocal eval passkey --profile my-profile.json --sparsity 0.5,0.75 --sink 16 --recent 64 --json > rows.json
+
+      duocal eval passkey --model smollm2-135m-instruct --format chat --haystack text --contexts 1280 --rows full,duo
     """
     from duocal.eval.passkey_defaults import (
         default_contexts,
@@ -184,7 +186,7 @@ def passkey(
         render_table(
             results,
             title=f"{Path(ref.arg).name}: {config.samples} samples per context, seed {config.seed},"
-            f" sink {window.sink} + recent {window.recent}",
+            f" sink {window.sink} + recent {window.recent}, {task_text(config)}",
         )
     if plot is not None and not no_plot:
         try:
@@ -197,6 +199,17 @@ def passkey(
             typer.echo(f"wrote {written}", err=True)
         except Exception as exc:  # the results are printed: a plot must not fail the command
             typer.echo(f"warning: could not write the plot {plot}: {exc}", err=True)
+
+
+def task_text(config) -> str:
+    """What was asked, for the table's title: the format, haystack and needles (or the key's depths)."""
+    haystack = Path(str(config.haystack)).name
+    if config.format == "chat":
+        depths = ", ".join(f"{d:g}" for d in config.depths)
+        answer = f"free answers of up to {config.answer_tokens} tokens"
+        return f"chat prompts ({answer}) in the {haystack} haystack, key at {depths}"
+    needles = config.num_passkeys if isinstance(config.num_passkeys, int) else "{}-{}".format(*config.num_passkeys)
+    return f"{config.format} passkeys ({needles} per sample) in the {haystack} haystack"
 
 
 @eval_app.command("ppl")
