@@ -7,7 +7,8 @@ profile` and `duocal eval passkey` line, comments dropped) and its first Python 
 timed is what README shows. Each runs in a new process in one scratch folder (the profile the
 first writes is the one the others read), in order, with the environment as given (set
 OMP_NUM_THREADS yourself). Prints one line per command: wall seconds, exit status, and the load
-average before and after, because this machine is shared and the numbers move with it.
+average before and after, and the CPU seconds it used, because this machine is shared and the wall
+time moves with its load (the CPU time much less).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
@@ -50,20 +52,27 @@ def python_block(section: str) -> str:
 
 
 def timed(label: str, argv: list[str], cwd: Path) -> dict:
-    """Run `argv` in `cwd`; wall seconds, exit status, load averages around it and the output's tail."""
-    before = os.getloadavg()[0]
+    """Run `argv` in `cwd`; wall seconds, the CPU seconds it used (user + system: what a quiet machine
+    would take, about, on as many threads), exit status, load averages around it and the output's tail."""
+    before, cpu_before = os.getloadavg()[0], child_cpu_seconds()
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     return {
         "command": label,
         "seconds": round(seconds, 1),
+        "cpu_seconds": round(child_cpu_seconds() - cpu_before, 1),
         "returncode": done.returncode,
         "load_before": round(before, 2),
         "load_after": round(os.getloadavg()[0], 2),
         "stdout_tail": done.stdout[-1500:],
         "stderr_tail": done.stderr[-1500:],
     }
+
+
+def child_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_quick_start(readme: str, folder: Path) -> list[dict]:
@@ -99,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         results = run_quick_start(readme, folder)
     for r in results:
         status = "ok" if r["returncode"] == 0 else f"FAILED ({r['returncode']}): {r['stderr_tail'][-300:]}"
-        print(f"{r['seconds']:8.1f} s  load {r['load_before']:.1f} -> {r['load_after']:.1f}  {r['command']}  {status}")
+        times = f"{r['seconds']:8.1f} s wall {r['cpu_seconds']:8.1f} s CPU"
+        print(f"{times}  load {r['load_before']:.1f} -> {r['load_after']:.1f}  {r['command']}  {status}")
     if args.json:
         write_atomic(args.json, (json.dumps(results, indent=2) + "\n").encode())
     if any(r["returncode"] for r in results):
