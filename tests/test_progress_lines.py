@@ -1,5 +1,7 @@
 """Progress on a non-terminal: plain periodic lines with done / total and an ETA (issue 38)."""
 
+import time
+
 from duocal.cli.progress import LineProgress, clock_text, progress_line
 
 
@@ -41,3 +43,32 @@ def test_no_line_without_a_total_and_clock_text_reads_like_rich():
     assert progress_line("profile", 3, 8, 30.0, "sequences measured") == (
         "profile: 3/8 (38%), 0:30 elapsed, ETA 0:50, sequences measured"
     )
+
+
+def test_a_long_batch_still_gets_lines():
+    clock, lines = FakeClock(), []
+    progress = LineProgress("passkey", lines.append, every=15.0, clock=clock)
+    progress.beat()  # nothing reported yet: nothing to say
+    progress(0, 24, "full, 1280 tokens")
+    clock.now += 10.0
+    progress.beat()  # 10 s since the last line: quiet
+    clock.now += 10.0
+    progress.beat()
+    assert lines == [
+        "passkey: 0/24 (0%), 0:00 elapsed, full, 1280 tokens",
+        "passkey: 0/24 (0%), 0:20 elapsed, full, 1280 tokens",
+    ]
+
+
+def test_the_timer_thread_beats_and_stops():
+    lines = []
+    progress = LineProgress("ppl", lines.append, every=0.01)
+    with progress.beating():
+        progress(0, 4, "full")
+        deadline = time.monotonic() + 5.0
+        while len(lines) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert len(lines) >= 3 and all(line.startswith("ppl: 0/4 (0%), ") for line in lines)
+    count = len(lines)
+    time.sleep(0.05)
+    assert len(lines) == count  # stopped with the block

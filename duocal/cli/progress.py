@@ -1,14 +1,16 @@
 """Progress on stderr for long commands (stdout stays clean for `--json`).
 
 On a terminal: a rich bar (units done / in all, elapsed, ETA). Anywhere else (a pipe, a log file,
-CI): plain lines every `LINE_SECONDS` and at the end, "passkey: 16/48 (33%), 1:02 elapsed, ETA 2:04,
-duo @ sparsity 0.5, 2048 tokens", because a bar redrawn into a file is unreadable.
+CI): plain lines every `LINE_SECONDS` (also while one long batch runs) and at the end, "passkey:
+16/48 (33%), 1:02 elapsed, ETA 2:04, duo @ sparsity 0.5, 2048 tokens", because a bar redrawn into a
+file is unreadable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -39,14 +41,45 @@ class LineProgress:
         self.label, self.write, self.every, self.clock = label, write, every, clock
         self.started = clock()
         self.last: tuple[float, str, int] | None = None  # the last line's time, work and units done
+        self.state: tuple[int, int, str] | None = None  # the last report
+        self.lock = threading.Lock()  # `beat` runs on a timer thread
 
     def __call__(self, done: int, total: int, what: str) -> None:
-        now = self.clock()
-        last = self.last
-        due = last is None or now - last[0] >= self.every or what != last[1] or done >= total or last[2] == 0 < done
-        if due and total:
-            self.write(progress_line(self.label, done, total, now - self.started, what))
-            self.last = (now, what, done)
+        with self.lock:
+            now, last = self.clock(), self.last
+            self.state = (done, total, what)
+            due = last is None or now - last[0] >= self.every or what != last[1] or done >= total
+            if (due or last[2] == 0 < done) and total:
+                self._line(now)
+
+    def beat(self) -> None:
+        """The last report again when no line came for `every` seconds (a long batch is still running)."""
+        with self.lock:
+            now = self.clock()
+            if self.state is not None and self.state[1] and (self.last is None or now - self.last[0] >= self.every):
+                self._line(now)
+
+    def _line(self, now: float) -> None:
+        done, total, what = self.state
+        self.write(progress_line(self.label, done, total, now - self.started, what))
+        self.last = (now, what, done)
+
+    @contextlib.contextmanager
+    def beating(self):
+        """`beat` every `every` seconds on a daemon thread while the block runs."""
+        stop = threading.Event()
+
+        def beat_until_stopped() -> None:
+            while not stop.wait(self.every):
+                self.beat()
+
+        thread = threading.Thread(target=beat_until_stopped, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
 
     def row(self, text: str) -> None:
         self.write(text)
@@ -77,7 +110,8 @@ def eval_progress(label: str):
 
     console = Console(stderr=True)
     if not console.is_terminal:
-        yield LineProgress(label, stderr_line)
+        with LineProgress(label, stderr_line).beating() as progress:
+            yield progress
         return
     from rich.progress import (
         BarColumn,

@@ -101,14 +101,15 @@ def answer_all(
     asked: list[ChatPrompt],
     new_tokens: int = NEW_TOKENS,
     tick: Callable[[int], None] = lambda n: None,
+    batch_size: int = BATCH,
 ) -> tuple[list[ChatAnswer], int]:
-    """Greedy answers to every prompt through `plan`'s cache, BATCH prompts at a time, and the most KV
-    bytes one sequence held (measured at the end of each batch's generation)."""
+    """Greedy answers to every prompt through `plan`'s cache, `batch_size` prompts at a time, and the most
+    KV bytes one sequence held (measured at the end of each batch's generation)."""
     answers: list[ChatAnswer] = []
     measured = 0
     with dr.apply(model, plan) as runtime:
-        for i in range(0, len(asked), BATCH):
-            batch = asked[i : i + BATCH]
+        for i in range(0, len(asked), batch_size):
+            batch = asked[i : i + batch_size]
             got, nbytes = answer_batch(model, tokenizer, runtime, batch, new_tokens)
             answers += got
             measured = max(measured, nbytes // len(batch))
@@ -185,10 +186,11 @@ def check_chat(depths, answer_tokens: int, protocol: str, questions: str, haysta
         )
 
 
-def run_chat_row(model, tokenizer, plans, work: ChatWork, answer_tokens: int, tick):
+def run_chat_row(model, tokenizer, plans, work: ChatWork, answer_tokens: int, tick, batch_size: int = BATCH):
     """Each plan's exact matches and measured bytes ((hits, bytes) per plan, as `passkey_row` takes
     them), and the row's extra fields: the share of clean answers (mean over plans) and the haystack."""
-    runs = [answer_all(model, tokenizer, plan, list(work.prompts), answer_tokens, tick) for plan in plans]
+    prompts = list(work.prompts)
+    runs = [answer_all(model, tokenizer, plan, prompts, answer_tokens, tick, batch_size) for plan in plans]
     cleans = [sum(a.clean for a in answers) / len(answers) for answers, _ in runs]
     extra = {"clean": sum(cleans) / len(cleans), "format": "chat", "haystack": work.haystack}
     return [([a.exact for a in answers], measured) for answers, measured in runs], extra

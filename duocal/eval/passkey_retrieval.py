@@ -281,7 +281,9 @@ def evaluate_passkey(
         tick(0)
         started = time.perf_counter()
         if isinstance(asked, ChatWork):
-            results, extra = run_chat_row(model, tokenizer, row.plans, asked, config.answer_tokens, tick)
+            results, extra = run_chat_row(
+                model, tokenizer, row.plans, asked, config.answer_tokens, tick, config.batch_size
+            )
         else:
             results, extra = [run_plan(model, plan, asked, pad_id, tick, protocol) for plan in row.plans], {}
         rows.append(passkey_row(row, context, results, dtype, time.perf_counter() - started, protocol, asked))
