@@ -1,10 +1,12 @@
 """Chat prompts with a pass key hidden in a haystack, the question after it (README's quick-start prompt).
 
-A prompt is README's document: an instruction, haystack sentences, the key sentence at a depth
-(0: right after the instruction, 1: right before the question), more haystack, then the question,
-all in one user turn of the model's chat template. The haystack is cut into sentences so no word is
-split: `repeated` (the passkey task's five sentences, as in README) or the sentences of a text file.
-With 125 repeated sentences on each side it is exactly README's prompt.
+A prompt is an instruction, haystack sentences, the key sentence at a depth (0: right after the
+instruction, 1: right before the question), more haystack, then the question, all in one user turn
+of the model's chat template: README's words for the repeated filler, the words of the licence
+prompt of the regression test (the key a paragraph of its own) for a real text. The haystack is
+cut into sentences so no word is split: `repeated` (the passkey task's five sentences, as in
+README) or the sentences of a text file. With 125 repeated sentences on each side it is exactly
+README's prompt.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ from pathlib import Path
 from duocal.data.haystack import REPEATED_FILLER
 from duocal_runtime.files.regular_files import read_text
 
-INTRO = "There is important info hidden in this text. Find it and memorize it. "
-QUESTION = "\nWhat is the pass key?"
 HAYSTACK_TEXT = "gpl-3.0.txt"  # `text`: the GPL-3.0 text in duocal/assets/texts
 CHAT_HAYSTACKS = ("repeated", "text")  # or a plain-text file
 KEY_RANGE = (10000, 99999)  # five-digit keys, as README's 71432
@@ -35,13 +35,35 @@ class ChatPrompt:
     haystack: str = "readme"
 
 
-def needle(key: int) -> str:
-    return f"The pass key is {key}. Remember it. {key} is the pass key. "
+@dataclass(frozen=True)
+class Framing:
+    """The words around the haystack: an instruction, the key's sentence (`{key}`) and the question."""
+
+    intro: str
+    needle: str
+    question: str
 
 
-def document(before: list[str], after: list[str], key: int) -> str:
-    """README's user turn: instruction, `before` sentences, the key, `after` sentences, the question."""
-    return f"{INTRO}{''.join(before)}{needle(key)}{''.join(after)}{QUESTION}"
+# README's quick-start prompt, for the repeated filler.
+README_FRAMING = Framing(
+    "There is important info hidden in this text. Find it and memorize it. ",
+    "The pass key is {key}. Remember it. {key} is the pass key. ",
+    "\nWhat is the pass key?",
+)
+# For a real text, the key as a paragraph of its own and a question that points into the text:
+# in README's words SmolLM2-135M answers about the text itself ("This License is a special
+# version of ..."): 0 of 8 with full attention at 1.3k tokens of the GPL.
+TEXT_FRAMING = Framing(
+    "Read this text carefully.\n\n",
+    "\n\nThe pass key is {key}. Remember it.\n\n",
+    "\n\nWhat is the pass key mentioned in the text?",
+)
+
+
+def document(before: list[str], after: list[str], key: int, framing: Framing = README_FRAMING) -> str:
+    """The user turn: instruction, `before` sentences, the key, `after` sentences, the question."""
+    needle = framing.needle.format(key=key)
+    return f"{framing.intro}{''.join(before)}{needle}{''.join(after)}{framing.question}"
 
 
 def haystack_sentences(haystack: str | Path) -> tuple[str, list[str]]:
@@ -49,8 +71,8 @@ def haystack_sentences(haystack: str | Path) -> tuple[str, list[str]]:
     if haystack == "repeated":
         return "repeated", sentences_in(REPEATED_FILLER)
     if haystack == "text":
-        body = (resources.files("duocal") / "assets" / "texts" / HAYSTACK_TEXT).read_text(encoding="utf-8")
-        name = "text"
+        licence = (resources.files("duocal") / "assets" / "texts" / HAYSTACK_TEXT).read_text(encoding="utf-8")
+        body, name = licence[licence.index("Preamble") :], "text"  # not the title's numbers (version, year)
     elif str(haystack).lower().endswith(".txt"):
         body, name = read_text(Path(haystack), "--haystack"), Path(haystack).name
     else:
@@ -86,13 +108,15 @@ def depth_cut(sentences: list[str], depth: float) -> int:
     return len(sentences)
 
 
-def fitted_prompt(tokenizer, pool: list[str], cycle: bool, context: int, key: int, depth: float) -> str:
+def fitted_prompt(
+    tokenizer, pool: list[str], cycle: bool, context: int, key: int, depth: float, framing: Framing = README_FRAMING
+) -> str:
     """The longest prompt of at most `context` chat tokens, the key after `depth` of its haystack's characters."""
 
     def text(count: int) -> str:
         used = sentences_of(pool, count, cycle)
         cut = depth_cut(used, depth)
-        return document(used[:cut], used[cut:], key)
+        return document(used[:cut], used[cut:], key, framing)
 
     low, high = 0, len(pool) if not cycle else context  # a sentence is at least one token
     if chat_length(tokenizer, text(0)) > context:
@@ -130,10 +154,11 @@ def chat_prompts(
 ) -> list[ChatPrompt]:
     """`samples` prompts of at most `context` chat tokens: keys drawn from `seed`, depths in turn."""
     name, pool = haystack_sentences(haystack)
+    framing = README_FRAMING if name == "repeated" else TEXT_FRAMING
     draw = random.Random(f"duocal-chat-passkey:{seed}")
     out = []
     for i in range(samples):
         key, depth = draw.randint(*KEY_RANGE), depths[i % len(depths)]
-        text = fitted_prompt(tokenizer, pool, name == "repeated", context, key, depth)
+        text = fitted_prompt(tokenizer, pool, name == "repeated", context, key, depth, framing)
         out.append(ChatPrompt(key, depth, text, name))
     return out
