@@ -86,3 +86,15 @@ def test_full_attention_answers_chat_prompts(tmp_path):
     assert row["row"] == "full" and row["format"] == "chat" and row["haystack"] == "repeated"
     assert row["samples"] == 2 and row["exact_match"] == 1.0 and row["clean"] == 1.0, row
     assert "passkey: 1/2 (50%)" in result.stderr and "passkey: 2/2 (100%)" in result.stderr  # one per batch
+
+
+def test_quick_defaults_cap_contexts_and_name_the_text():
+    from types import SimpleNamespace
+
+    from duocal.eval.passkey_defaults import REAL, default_contexts, default_sparsity, haystack_source
+
+    assert default_contexts(REAL, SimpleNamespace(max_position_embeddings=1024)) == "1024"
+    assert default_contexts(REAL, SimpleNamespace(max_position_embeddings=8192)) == "2048"
+    assert default_sparsity(None) == "0.5"
+    assert haystack_source("text", "chat") == "text" and haystack_source("repeated", "digits") == "repeated"
+    assert haystack_source("text", "digits").endswith("gpl-3.0.txt")
