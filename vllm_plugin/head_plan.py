@@ -2,8 +2,11 @@
 
 Settings, first found wins: the model config's ``duocal_*`` keys (pass them with
 ``hf_overrides={"duocal_profile": PATH, "duocal_sparsity": 0.5}``), then the ``DUOCAL_PROFILE`` /
-``DUOCAL_SPARSITY`` / ``DUOCAL_POLICY`` / ``DUOCAL_SINK`` / ``DUOCAL_RECENT`` environment variables.
-Without a sparsity the profile's deploy sparsity is used; sparsity 0 is an all-full plan.
+``DUOCAL_SPARSITY`` / ``DUOCAL_BUDGET`` / ``DUOCAL_POLICY`` / ``DUOCAL_SINK`` / ``DUOCAL_RECENT`` /
+``DUOCAL_TENSOR_PARALLEL`` environment variables. Without a sparsity or budget the profile's deploy sparsity
+is used; sparsity 0 is an all-full plan. A budget ('64MiB') is KV bytes per request at the model's context
+(``max_position_embeddings``) in the model's dtype, as ``duocal serve`` reads it. With ``tensor_parallel`` N > 1
+every one of N ranks gets the same number of full heads per layer (duocal_runtime.planning.tensor_parallel).
 
 Only ``duocal_runtime``'s profile, planning and policy modules are imported: no transformers and
 no duocal runtime cache code, so this runs next to vLLM's own transformers pin. H2O-family heads need
@@ -16,7 +19,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-SETTINGS = ("profile", "sparsity", "policy", "sink", "recent")
+SETTINGS = ("profile", "sparsity", "budget", "policy", "sink", "recent", "tensor_parallel")
+# Model classes the plugin runs (vLLM's Llama layout: q/k/v/o projections without bias, RoPE, gated MLP).
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 ENV_PREFIX = "DUOCAL_"
 CONFIG_PREFIX = "duocal_"
 
@@ -51,11 +56,13 @@ def settings_of(config: Any, environ: dict[str, str] | None = None) -> dict[str,
     return found
 
 
-def make_plan(config: Any, settings: dict[str, str]):
-    """The duocal `Plan` for a model with transformers-style `config`, from `settings`."""
+def make_plan(config: Any, settings: dict[str, str], dtype: Any = "bfloat16"):
+    """The duocal `Plan` for a model with transformers-style `config`, from `settings` (a budget is planned in
+    `dtype`, the dtype vLLM runs the model in)."""
     from duocal_runtime.errors import PlanError, ProfileError
     from duocal_runtime.fetching.loading import load_profile
     from duocal_runtime.planning.plan import plan
+    from duocal_runtime.planning.tensor_parallel import balanced_plan
 
     if "profile" not in settings:
         raise DuoVllmError(
@@ -67,8 +74,17 @@ def make_plan(config: Any, settings: dict[str, str]):
         profile.check_compatible(config)
         numbers = {k: int(settings[k]) for k in ("sink", "recent") if k in settings}
         sparsity = float(settings["sparsity"]) if "sparsity" in settings else None
+        if sparsity is not None and "budget" in settings:
+            raise DuoVllmError("give duocal_sparsity or duocal_budget, not both")
         if sparsity == 0:
             return plan(profile, sparsity=0.0)
+        tensor_parallel = int(settings.get("tensor_parallel", 1))
+        if tensor_parallel > 1:
+            if "budget" in settings:
+                raise DuoVllmError("duocal_tensor_parallel plans at a sparsity: give duocal_sparsity, not a budget")
+            return balanced_plan(profile, tensor_parallel, sparsity, policy=settings.get("policy"), **numbers)
+        if "budget" in settings:
+            numbers.update(budget=settings["budget"], context=config.max_position_embeddings, dtype=dtype)
         return plan(profile, sparsity=sparsity, policy=settings.get("policy"), **numbers)
     except (ProfileError, PlanError) as err:
         raise DuoVllmError(f"duocal profile {settings['profile']!r}: {err}") from err
@@ -98,6 +114,26 @@ def head_table(plan, block_size: int) -> list[list[HeadSpec]]:
     return table
 
 
-def load_head_table(config: Any, block_size: int, environ: dict[str, str] | None = None) -> list[list[HeadSpec]]:
-    """Settings -> profile -> plan -> head table, for the model with `config`."""
-    return head_table(make_plan(config, settings_of(config, environ)), block_size)
+def load_head_table(
+    config: Any, block_size: int, environ: dict[str, str] | None = None, dtype: Any = "bfloat16"
+) -> list[list[HeadSpec]]:
+    """Settings -> profile -> plan -> head table, for the model with `config` run in `dtype`."""
+    return head_table(make_plan(config, settings_of(config, environ), dtype), block_size)
+
+
+def check_balanced(table: list[list[HeadSpec]], tp_size: int) -> None:
+    """Refuse a head table whose `tp_size` ranks hold different numbers of full heads in some layer, naming them."""
+    from duocal_runtime.errors import PlanError
+    from duocal_runtime.planning.tensor_parallel import unbalanced_layers
+
+    try:
+        uneven = unbalanced_layers([[spec.is_full for spec in row] for row in table], tp_size)
+    except PlanError as err:
+        raise DuoVllmError(str(err)) from err
+    if uneven:
+        shown = ", ".join(uneven[:6]) + (f" and {len(uneven) - 6} more" if len(uneven) > 6 else "")
+        raise DuoVllmError(
+            f"this plan is unbalanced for tensor parallel size {tp_size}: full KV heads per rank differ in "
+            f"{len(uneven)} layers: {shown}. Plan for it: hf_overrides={{'duocal_tensor_parallel': {tp_size}}} "
+            f"(or DUOCAL_TENSOR_PARALLEL={tp_size}) gives every rank the same number of full heads per layer"
+        )

@@ -24,7 +24,7 @@ from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
-from .head_plan import DuoVllmError, HeadSpec, load_head_table
+from .head_plan import DuoVllmError, HeadSpec, check_balanced, load_head_table
 from .sink_window_backend import SinkWindowCPUBackend
 from .sink_window_spec import SinkWindowSpec
 
@@ -68,7 +68,9 @@ class DuoLlamaAttention(nn.Module):
                  quant_config=None, bias=False, bias_o_proj=False, cache_config=None, prefix="",
                  attn_type=None, head_table=None) -> None:  # fmt: skip
         super().__init__()
-        if get_tensor_model_parallel_world_size() != 1:
+        tp_size = get_tensor_model_parallel_world_size()
+        if tp_size != 1:
+            check_balanced(head_table[extract_layer_index(prefix)], tp_size)
             raise DuoVllmError(
                 "duocal_vllm runs on one tensor-parallel rank for now: start vLLM with --tensor-parallel-size 1"
             )
@@ -123,6 +125,6 @@ class DuoLlamaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         config = vllm_config.model_config.hf_config
-        table = load_head_table(config, vllm_config.cache_config.block_size)
+        table = load_head_table(config, vllm_config.cache_config.block_size, dtype=vllm_config.model_config.dtype)
         layer = functools.partial(DuoLlamaDecoderLayer, head_table=table)
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer)

@@ -6,18 +6,28 @@ window. Both go through vLLM's KV cache spec registry (vllm/v1/kv_cache_spec_reg
 this spec as its own grouping base, so streaming layers get their own KV cache group.
 
 Prefix caching: `find_longest_cache_hit` reports no hit (a hit would need the sink blocks and the
-window blocks, which vLLM's sliding-window lookup does not check), so prefix caching gives nothing
-while a duocal plan has streaming heads.
+window blocks, which vLLM's sliding-window lookup does not check), and vLLM's hybrid lookup keeps the
+shortest hit of all groups, so while a plan has streaming heads no prompt reuses cached blocks: prefix
+caching is off in effect, and the first manager says so in one log line. Full heads alone (an all-full plan)
+cache as in stock vLLM.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm.logger import init_logger
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the "vllm" logger only
+PREFIX_CACHING_OFF = (
+    "duocal: prefix caching is off in effect: a plan with sink_window heads reuses no cached prefix (a hit would "
+    "need each streaming head's sink blocks, which vLLM's sliding-window lookup does not check); every prompt "
+    "is computed in full"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +57,8 @@ class SinkWindowManager(SlidingWindowManager):
     def __init__(self, kv_cache_spec: SinkWindowSpec, **kwargs) -> None:
         super().__init__(kv_cache_spec, **kwargs)
         self.sink_blocks = kv_cache_spec.sink_blocks
+        if self.enable_caching:
+            logger.info_once(PREFIX_CACHING_OFF)
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None

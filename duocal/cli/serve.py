@@ -1,4 +1,5 @@
-"""`duocal serve [MODEL] [--profile P] [--sparsity S | --budget B] ...`: an OpenAI-compatible server."""
+"""`duocal serve [MODEL] [--profile P] [--sparsity S | --budget B] ...`: an OpenAI-compatible server, duocal's own
+(--engine transformers) or vLLM's with duocal's plugin (--engine vllm, duocal/serving/vllm_launch.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,19 @@ SERVE_EPILOG = """Examples:
 
   duocal serve smollm2-135m-instruct --kv-memory 2GiB --kv-bits 4    # full heads in 4-bit codes
 
+  .venv-vllm/bin/duocal serve smollm2-135m-instruct --engine vllm --kv-memory 1GiB -- --max-model-len 8192
+
 Then: curl http://127.0.0.1:8000/v1/chat/completions -d '{"model": "NAME", "messages": [...]}'
 """
 
 
+ENGINES = ("transformers", "vllm")
+TRANSFORMERS_ONLY = {"num_blocks": None, "max_batch_tokens": None, "page_size": None, "kv_bits": 16,
+                     "max_request_size": "4MiB"}  # fmt: skip
+
+
 def serve_command(
+    ctx: typer.Context,
     model: Annotated[
         Optional[str],
         typer.Argument(help="A model folder, a .gguf file or a known name (default: the bundled demo model)."),
@@ -60,13 +69,26 @@ def serve_command(
     max_request_size: Annotated[
         str, typer.Option(help="Largest request body ('4MiB', '500kB'); a larger one gets a 413.")
     ] = "4MiB",
+    engine: Annotated[
+        str, typer.Option(help="transformers: duocal's own server; vllm: vLLM's OpenAI server with duocal's plugin.")
+    ] = "transformers",
 ):
     """Serve MODEL with a plan over transformers' OpenAI-compatible endpoints (/v1/chat/completions,
     /v1/completions, /v1/responses, streaming or not; /v1/models, /health), continuous batching on
     duocal's paged cache. Prints the address and the KV pool (MiB/GiB; requests of the model's context
     it holds vs plain attention). The model's id is the MODEL you gave. Errors are OpenAI-shaped JSON; a
     request field the server cannot honour (sampling settings other than the model's, n > 1, logprobs, JSON
-    modes, images) is a 400 naming it. Ctrl-C drains open requests, a second Ctrl-C stops at once."""
+    modes, images) is a 400 naming it. Ctrl-C drains open requests, a second Ctrl-C stops at once. With
+    --engine vllm (run from .venv-vllm, `make vllm`): vLLM's own server, options after `--` go to vLLM,
+    --kv-memory is whole GiB."""
+    if engine == "vllm":
+        options = {name: value for name, value in locals().items() if name in TRANSFORMERS_ONLY}
+        return serve_with_vllm(model, profile, sparsity, budget, kv_memory, host, port, tuple(ctx.args), options)
+    with user_errors():
+        if engine not in ENGINES:
+            raise ValueError(f"--engine is one of {', '.join(ENGINES)}, got {engine!r}")
+        if ctx.args:
+            raise ValueError(f"unexpected arguments {' '.join(ctx.args)}: options after `--` are for --engine vllm")
     from duocal.reports.units import bytes_with_count, human_bytes
     from duocal.serving.startup import SERVE_FIELDS, ServeSettings, listening_socket, prepare_server, run, server_url
 
@@ -86,3 +108,19 @@ def serve_command(
     if run(served, sock):
         typer.echo("stopped", err=True)
         raise typer.Exit(130)
+
+
+def serve_with_vllm(model, profile, sparsity, budget, kv_memory, host, port, vllm_args, options) -> None:
+    """Check, print the plan, then become vLLM's OpenAI server."""
+    from duocal.serving.vllm_launch import VllmServe, exec_server, vllm_launch
+
+    with user_errors():
+        given = [name for name, value in options.items() if value != TRANSFORMERS_ONLY[name]]
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise ValueError(f"{flags}: --engine transformers only; give vLLM's own options after `--`")
+        if model is None or model.startswith("-"):
+            raise ValueError("--engine vllm needs MODEL before `--` (a folder or a known name)")
+        launch = vllm_launch(VllmServe(model, profile, sparsity, budget, kv_memory, host, port, vllm_args))
+    typer.echo(f"duocal: starting {launch.summary}", err=True)
+    exec_server(launch)

@@ -42,6 +42,12 @@ def duo_overrides(profile=PROFILE, **settings) -> dict:
 
 def run_vllm(model_folder: Path, prompts, hf_overrides=None, max_tokens=16, env=None, **extra):
     """(tokens per prompt or None, the run's output text). `extra`: more engine settings (run_vllm.py)."""
+    result, text = run_vllm_result(model_folder, prompts, hf_overrides, max_tokens, env, **extra)
+    return (result["tokens"] if result else None), text
+
+
+def run_vllm_result(model_folder: Path, prompts, hf_overrides=None, max_tokens=16, env=None, **extra):
+    """({"tokens": ..., "cached": ...} or None, the run's output text)."""
     spec = {"model": str(model_folder), "prompts": prompts, "max_tokens": max_tokens, "hf_overrides": hf_overrides}
     spec.update(extra)
     done = subprocess.run(
@@ -53,7 +59,7 @@ def run_vllm(model_folder: Path, prompts, hf_overrides=None, max_tokens=16, env=
     )
     text = done.stdout + done.stderr
     found = re.search(r"^RESULT (.*)$", done.stdout, re.M)
-    return (json.loads(found.group(1))["tokens"] if found else None), text
+    return (json.loads(found.group(1)) if found else None), text
 
 
 def kv_cache_tokens(text: str) -> int:

@@ -4,7 +4,9 @@ Used by the tests in a subprocess each, so that every engine starts clean:
 
     python tests/vllm/run_vllm.py '{"prompts": [[1, 2, 3]], "max_tokens": 16, "hf_overrides": {...}}'
 
-Prints one line ``RESULT {"tokens": [[...], ...]}``. float32, eager mode, no prefix caching.
+Prints one line ``RESULT {"tokens": [[...], ...], "cached": [prompt tokens read from the prefix cache, ...]}``.
+float32, eager mode, prefix caching only with ``"enable_prefix_caching": true``. Prompts run one after
+another, so that a repeated prompt can hit the cache of an earlier one.
 """
 
 import json
@@ -25,12 +27,14 @@ def main(spec: dict) -> None:
         max_model_len=spec.get("max_model_len", 2048),
         max_num_seqs=4,
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
-        enable_prefix_caching=False,
+        enable_prefix_caching=spec.get("enable_prefix_caching", False),
         hf_overrides=spec.get("hf_overrides"),
     )
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=spec["max_tokens"]), use_tqdm=False)
-    print("RESULT " + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs]}), flush=True)
+    params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"])
+    outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    print("RESULT " + json.dumps({"tokens": tokens, "cached": [o.num_cached_tokens for o in outs]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ def test_the_shipped_profile_at_half_sparsity_gives_duocal_runtime_tokens(model_
     duo, log = run_vllm(model_folder, prompts, duo_overrides(duocal_sparsity=reference["sparsity"]))
     assert duo is not None, log[-3000:]
     assert duo == [case["duo"] for case in reference["cases"]]
+    assert "prefix caching is off" not in log  # off here: nothing to say
 
 
 def test_every_head_streaming_with_a_small_window_gives_duocal_runtime_tokens(model_folder, reference):

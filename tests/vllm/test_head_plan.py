@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from duocal_vllm.head_plan import DuoVllmError, load_head_table, settings_of
+from duocal_vllm.head_plan import DuoVllmError, check_balanced, load_head_table, settings_of
 from duocal_vllm.sink_window_backend import page_layout
 
 from conftest import PROFILE
@@ -55,3 +55,16 @@ def test_the_page_layout_is_a_permutation_of_one_page(dtype):
     keys, values = page_layout("vec", 32, 64, dtype)
     both = torch.cat([keys.flatten(), values.flatten()])
     assert sorted(both.tolist()) == list(range(2 * 32 * 64))
+
+
+def test_tensor_parallel_plans_are_balanced_and_unbalanced_ones_refused():
+    table = load_head_table(config(profile=str(PROFILE), sparsity=0.5, tensor_parallel=3), 128, {})
+    check_balanced(table, 3)
+    assert all(len({spec.is_full for spec in row}) == 1 for row in table)  # 1 KV head per rank: whole layers
+    assert sum(spec.is_full for row in table for spec in row) == 45
+    plain = load_head_table(config(profile=str(PROFILE), sparsity=0.5), 128, {})
+    with pytest.raises(DuoVllmError, match=r"unbalanced for tensor parallel size 3: .* layers: layer \d+ \(.*"
+                       r"duocal_tensor_parallel': 3"):  # fmt: skip
+        check_balanced(plain, 3)
+    with pytest.raises(DuoVllmError, match="tensor parallel size 2 does not divide the model's 3 KV heads"):
+        check_balanced(plain, 2)

