@@ -14,7 +14,7 @@ def kinds(bar) -> list[str]:
     ]
 
 
-def test_calibration_and_evaluation_show_the_same_bar_with_their_fields(capsys):
+def test_calibration_and_evaluation_show_the_same_bar_with_their_fields(capsys, monkeypatch):
     tail = ["TimeElapsedColumn", "text:ETA", "TimeRemainingColumn"]
     calibration = calibration_progress(active=False)
     assert kinds(calibration) == [
@@ -25,6 +25,7 @@ def test_calibration_and_evaluation_show_the_same_bar_with_their_fields(capsys):
         *tail,
     ]
     assert calibration.disable
+    monkeypatch.setattr("rich.console.Console.is_terminal", property(lambda console: True))  # a bar, not lines
     with eval_progress("ppl") as progress:
         assert kinds(progress.bar) == ["text:{task.description}", "BarColumn", "MofNCompleteColumn", *tail]
         progress(1, 2, "ppl")
