@@ -109,14 +109,14 @@ def test_chat_prompts_keep_the_pass_key_at_the_default_sparsity(smollm2):
     Measured: full attention readme 7/8 exact (6/8 clean: it garbles 2 keys itself), licence 8/8;
     the shipped profile at 0.5 readme 7/8 exact, 8/8 clean, licence 8/8; the former 1e-3 tie rule
     at 0.5: readme 6/8 exact, 1/8 clean ("The pass key is the pass key is 71432")."""
-    from duocal.eval.chat_passkey import KEYS, PROMPTS, answer_all, tally
+    from duocal.eval.chat_passkey import KEYS, PROMPTS, answer_all, regression_prompt, tally
 
     model, tokenizer, profile = smollm2
     assert model.dtype == torch.float32
-    asked = [(prompt, key) for prompt in PROMPTS for key in KEYS]
+    asked = [regression_prompt(prompt, key) for prompt in PROMPTS for key in KEYS]
     with torch.inference_mode():
-        full = tally(answer_all(model, tokenizer, dr.plan(profile, sparsity=0.0), asked))
-        default = answer_all(model, tokenizer, dr.plan(profile), asked)  # dr.plan's and `duocal serve`'s default
+        full = tally(answer_all(model, tokenizer, dr.plan(profile, sparsity=0.0), asked)[0])
+        default, _ = answer_all(model, tokenizer, dr.plan(profile), asked)  # dr.plan's and `duocal serve`'s default
     duo = tally(default)
     assert profile.deploy.sparsity == 0.5 and dr.plan(profile).num_bounded == 45
     assert full["licence"][0] >= 7  # the prompts can be answered

@@ -47,11 +47,18 @@ def model_and_profile(model: str | None, profile: str | None):
 def passkey(
     model: ModelOpt = None,
     profile: ProfileOpt = None,
-    sparsity: SparsityOpt = "0.25,0.5,0.75",
+    sparsity: Annotated[
+        Optional[str],
+        typer.Option(help="Fractions of KV heads made bounded (duo, h2o, random, mix; default: the profile's, 0.5)."),
+    ] = None,
     rows: RowsOpt = None,
     policies: PoliciesOpt = None,
-    contexts: Annotated[str, typer.Option(help="Context lengths in tokens.")] = "512,1024",
-    samples: Annotated[int, typer.Option(help="Samples per context (the same for every row).")] = 40,
+    contexts: Annotated[
+        Optional[str], typer.Option(help="Context lengths in tokens (default: 2048; the demo model 512,1024).")
+    ] = None,
+    samples: Annotated[
+        Optional[int], typer.Option(help="Samples per context, the same for every row (default: 8; demo model 40).")
+    ] = None,
     seed: Annotated[Optional[int], typer.Option(help="Sample seed (default: held out from the demo recipe).")] = None,
     sink: SinkOpt = None,
     recent: RecentOpt = None,
@@ -60,14 +67,25 @@ def passkey(
     passkey_format: Annotated[
         Optional[str],
         typer.Option(
-            "--format", help="Passkey format: demo, digits or nato (default: demo for the demo model, else digits)."
+            "--format",
+            help="Passkey format: chat (the model's chat template, a question, a free answer scored exact and clean), "
+            "or raw text: demo, digits or nato (default: demo for the demo model, else digits).",
         ),
     ] = None,
     haystack: Annotated[
-        str, typer.Option(help="'synthetic', 'repeated', or a .txt / .jsonl file of filler text.")
-    ] = "synthetic",
+        Optional[str],
+        typer.Option(
+            help="synthetic, repeated, text (the GPL-3.0 text), or a .txt / .jsonl file of filler text; chat takes "
+            "repeated, text or a .txt file (default: repeated; the demo model synthetic)."
+        ),
+    ] = None,
+    depths: Annotated[
+        str, typer.Option(help="Chat format: where the key sits in the haystack (0 start, 1 end), in turn.")
+    ] = "0.25,0.5,0.75",
+    answer_tokens: Annotated[int, typer.Option(help="Chat format: the most tokens of the free answer.")] = 16,
     passkeys: Annotated[
-        Optional[int], typer.Option(help="Needles per sample (1: the classic single-passkey task; default: 1 to 6).")
+        Optional[int],
+        typer.Option(help="Needles per sample (1: the classic single-passkey task; default: 1; demo model 1 to 6)."),
     ] = None,
     protocol: Annotated[
         str,
@@ -109,7 +127,15 @@ def passkey(
       duocal eval passkey --contexts 512,1024 --samples 40 --rows full,streaming,h2o,random --sparsity 0.5
 
       duocal eval passkey --profile my-profile.json --sparsity 0.5,0.75 --sink 16 --recent 64 --json > rows.json
+
+      duocal eval passkey --model smollm2-135m-instruct --format chat --haystack text --contexts 1280 --rows full,duo
     """
+    from duocal.eval.passkey_defaults import (
+        default_contexts,
+        default_sparsity,
+        defaults_for,
+        haystack_source,
+    )
     from duocal.eval.passkey_retrieval import EVAL_SEED, PasskeyEvalConfig, check_eval, evaluate_passkey
     from duocal.eval.tables import check_plot_path, plot_rows, render_table
 
@@ -121,23 +147,32 @@ def passkey(
         if plot is not None and not no_plot:
             check_plot_path(plot)
         ref, loaded = model_and_profile(model, profile)
+        quick = defaults_for(ref.is_demo)
+        chosen_format = passkey_format or ref.passkey_format
+        if chosen_format == "chat" and passkeys is not None:
+            raise ValueError("the chat format hides one key per prompt: leave --passkeys out")
+        passkeys = quick.passkeys if passkeys is None else passkeys
         config = PasskeyEvalConfig(
             rows=chosen_rows(rows, policies, loaded is not None),
-            sparsities=tuple(split(sparsity, float, "sparsity")),
-            contexts=tuple(split(contexts, int, "contexts")),
-            samples=samples,
+            sparsities=tuple(split(default_sparsity(loaded) if sparsity is None else sparsity, float, "sparsity")),
+            contexts=tuple(
+                split(default_contexts(quick, ref.load_config()) if contexts is None else contexts, int, "contexts")
+            ),
+            samples=quick.samples if samples is None else samples,
             seed=EVAL_SEED if seed is None else seed,
             sink=sink,
             recent=recent,
             random_seeds=random_seeds,
             batch_size=batch_size,
-            format=passkey_format or ref.passkey_format,
-            haystack=haystack,
+            format=chosen_format,
+            haystack=haystack_source(quick.haystack if haystack is None else haystack, chosen_format),
+            depths=tuple(split(depths, float, "depths")),
+            answer_tokens=answer_tokens,
             protocol=protocol,
             questions=questions,
             kv_bits=tuple(split(kv_bits, int, "kv-bits")),
             mix_policies=tuple(split(mix_policies, str, "mix-policies")),
-            **({} if passkeys is None else {"num_passkeys": passkeys}),
+            **({} if passkeys is None or chosen_format == "chat" else {"num_passkeys": passkeys}),
         )
         tokenizer = ref.load_tokenizer()
         check_eval(config, ref.load_config(), loaded, tokenizer)  # before loading the weights
@@ -151,7 +186,7 @@ def passkey(
         render_table(
             results,
             title=f"{Path(ref.arg).name}: {config.samples} samples per context, seed {config.seed},"
-            f" sink {window.sink} + recent {window.recent}",
+            f" sink {window.sink} + recent {window.recent}, {task_text(config)}",
         )
     if plot is not None and not no_plot:
         try:
@@ -164,6 +199,17 @@ def passkey(
             typer.echo(f"wrote {written}", err=True)
         except Exception as exc:  # the results are printed: a plot must not fail the command
             typer.echo(f"warning: could not write the plot {plot}: {exc}", err=True)
+
+
+def task_text(config) -> str:
+    """What was asked, for the table's title: the format, haystack and needles (or the key's depths)."""
+    haystack = Path(str(config.haystack)).name
+    if config.format == "chat":
+        depths = ", ".join(f"{d:g}" for d in config.depths)
+        answer = f"free answers of up to {config.answer_tokens} tokens"
+        return f"chat prompts ({answer}) in the {haystack} haystack, key at {depths}"
+    needles = config.num_passkeys if isinstance(config.num_passkeys, int) else "{}-{}".format(*config.num_passkeys)
+    return f"{config.format} passkeys ({needles} per sample) in the {haystack} haystack"
 
 
 @eval_app.command("ppl")

@@ -36,7 +36,7 @@ def serve_command(
             help="KV bytes per request at the model's context instead ('64MiB'): the fewest bounded heads that fit."
         ),
     ] = None,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Address or name to listen on (IPv6: '::1', '::' for all).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     kv_memory: Annotated[
         Optional[str], typer.Option(help="KV pool size ('2GiB'); default: sized from free memory by transformers.")
@@ -68,14 +68,14 @@ def serve_command(
     request field the server cannot honour (sampling settings other than the model's, n > 1, logprobs, JSON
     modes, images) is a 400 naming it. Ctrl-C drains open requests, a second Ctrl-C stops at once."""
     from duocal.reports.units import bytes_with_count, human_bytes
-    from duocal.serving.startup import SERVE_FIELDS, ServeSettings, listening_socket, prepare_server, run
+    from duocal.serving.startup import SERVE_FIELDS, ServeSettings, listening_socket, prepare_server, run, server_url
 
     with user_errors():
         sock = listening_socket(host, port)  # a port in use fails before the model loads
         options = {name: value for name, value in locals().items() if name in SERVE_FIELDS}
         served, summary = prepare_server(ServeSettings(**options))
     bound = sock.getsockname()[1]
-    typer.echo(f"serving {served.name} at http://{host}:{bound}/v1 (chat/completions, completions; streaming)")
+    typer.echo(f"serving {served.name} at {server_url(host, bound)}/v1 (chat/completions, completions; streaming)")
     typer.echo(
         f"KV pool: {bytes_with_count(summary['kv_bytes'])}; {summary['requests']} requests of {summary['context']} "
         f"tokens at once ({human_bytes(summary['bytes_per_request'])} each) vs {summary['plain_requests']} with plain "

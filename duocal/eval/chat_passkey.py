@@ -1,27 +1,35 @@
-"""Chat prompts with a pass key hidden ~600 tokens before the question, answered greedily through a plan.
+"""Chat prompts with a pass key, answered freely and greedily through a plan: `eval passkey --format chat`.
 
 Issue 38: README's quick-start chat prompt got garbled answers ("The pass key is the pass key is
-71432") from SmolLM2's shipped profile at 50%. Two prompts, each over the same keys: `readme` (the
-quick start's, the key between two runs of repeated filler) and `licence` (the key inside the
-GPL-3.0 text). An answer is `exact` when its first number is the key and `clean` when no phrase of
-three words comes twice before that first number (a garbled answer repeats itself). Batched with
-left padding; fp32 is the quick start's dtype.
+71432") from SmolLM2's shipped profile at 50%, which the raw-text passkey score did not see. An
+answer is `exact` when its first number is the key and `clean` when no phrase of three words comes
+twice before that first number (a garbled answer repeats itself). Batched with left padding.
 
-    python -m duocal.eval.chat_passkey        # the table of docs/benchmarks/real-model.md (~3.5 min, 2 cores)
+Two fixed prompts stay here for the regression test (tests/test_real_model.py), each over `KEYS`:
+`readme` (README's own prompt) and `licence` (the key as a sentence inside the GPL-3.0 text).
 """
 
 from __future__ import annotations
 
 import re
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
 import duocal_runtime as dr
+from duocal.data.chat_prompts import (
+    CHAT_HAYSTACKS,
+    ChatPrompt,
+    chat_ids,
+    chat_prompts,
+    check_chat_template,
+    document,
+    haystack_sentences,
+)
 from duocal.data.padding import pad_batch, pad_token_id
 
 KEYS = (71432, 71433, 71434, 71435, 28519, 60387, 93146, 45270)
-FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. " * 25
+README_SENTENCES = 125  # README's filler: 25 repeats of the five sentences on each side of the key
 PHRASE_WORDS = 3
 NEW_TOKENS = 16
 BATCH = 8  # prompts per generate(): their attention scores stay small (8 × 9 heads × 1.3k² floats)
@@ -30,11 +38,9 @@ LICENCE_SPLIT = (3000, 5600)  # characters of the GPL-3.0 text before and after 
 
 def readme_prompt(key: int) -> str:
     """README's quick-start prompt (its key and both filler runs), question after the document."""
-    document = (
-        f"There is important info hidden in this text. Find it and memorize it. {FILLER}"
-        f"The pass key is {key}. Remember it. {key} is the pass key. {FILLER}"
-    )
-    return document + "\nWhat is the pass key?"
+    _, pool = haystack_sentences("repeated")
+    filler = [pool[i % len(pool)] for i in range(README_SENTENCES)]
+    return document(filler, filler, key)
 
 
 def licence_prompt(key: int) -> str:
@@ -52,9 +58,14 @@ def licence_prompt(key: int) -> str:
 PROMPTS = {"readme": readme_prompt, "licence": licence_prompt}
 
 
+def regression_prompt(name: str, key: int) -> ChatPrompt:
+    """One of the fixed `PROMPTS` with `key` (its depth: the middle, where both hide it)."""
+    return ChatPrompt(key, 0.5, PROMPTS[name](key), name)
+
+
 @dataclass(frozen=True)
 class ChatAnswer:
-    """A greedy answer to one prompt and key, and how it scores."""
+    """A greedy answer to one prompt (named by its haystack) and key, and how it scores."""
 
     prompt: str
     key: int
@@ -83,39 +94,45 @@ def repeats_a_phrase(text: str, words: int = PHRASE_WORDS) -> bool:
     return len(phrases) != len(set(phrases))
 
 
-def chat_ids(tokenizer, content: str) -> list[int]:
-    """The user turn `content` in the model's chat template, with the assistant's turn opened."""
-    messages = [{"role": "user", "content": content}]
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
-
-
 def answer_all(
-    model, tokenizer, plan: dr.Plan, asked: list[tuple[str, int]], new_tokens=NEW_TOKENS
-) -> list[ChatAnswer]:
-    """Greedy answers to every (prompt name, key) through `plan`'s cache, BATCH prompts at a time."""
+    model,
+    tokenizer,
+    plan: dr.Plan,
+    asked: list[ChatPrompt],
+    new_tokens: int = NEW_TOKENS,
+    tick: Callable[[int], None] = lambda n: None,
+    batch_size: int = BATCH,
+) -> tuple[list[ChatAnswer], int]:
+    """Greedy answers to every prompt through `plan`'s cache, `batch_size` prompts at a time, and the most
+    KV bytes one sequence held (measured at the end of each batch's generation)."""
+    answers: list[ChatAnswer] = []
+    measured = 0
     with dr.apply(model, plan) as runtime:
-        return [
-            a
-            for i in range(0, len(asked), BATCH)
-            for a in answer_batch(model, tokenizer, runtime, asked[i : i + BATCH], new_tokens)
-        ]
+        for i in range(0, len(asked), batch_size):
+            batch = asked[i : i + batch_size]
+            got, nbytes = answer_batch(model, tokenizer, runtime, batch, new_tokens)
+            answers += got
+            measured = max(measured, nbytes // len(batch))
+            tick(len(batch))
+    return answers, measured
 
 
-def answer_batch(model, tokenizer, runtime, asked: list[tuple[str, int]], new_tokens: int) -> list[ChatAnswer]:
-    """Greedy answers to (prompt name, key) pairs in one left-padded batch on a fresh cache of `runtime`."""
-    rows = [chat_ids(tokenizer, PROMPTS[name](key)) for name, key in asked]
+def answer_batch(model, tokenizer, runtime, asked: list[ChatPrompt], new_tokens: int) -> tuple[list[ChatAnswer], int]:
+    """Greedy answers to prompts in one left-padded batch on a fresh cache of `runtime`, and its bytes."""
+    rows = [chat_ids(tokenizer, p.text) for p in asked]
     pad = pad_token_id(tokenizer, model.config)
     ids, mask = pad_batch(rows, pad, left=True)
+    cache = runtime.new_cache()
     out = model.generate(
         input_ids=ids,
         attention_mask=mask.long(),
-        cache=runtime.new_cache(),
+        cache=cache,
         do_sample=False,
         max_new_tokens=new_tokens,
         pad_token_id=pad,
     )
     texts = tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
-    return [ChatAnswer(name, key, text.strip()) for (name, key), text in zip(asked, texts)]
+    return [ChatAnswer(p.haystack, p.key, text.strip()) for p, text in zip(asked, texts)], cache.kv_bytes()
 
 
 def tally(answers: list[ChatAnswer]) -> dict[str, tuple[int, int, int]]:
@@ -127,38 +144,53 @@ def tally(answers: list[ChatAnswer]) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def standard_plans(profile: dr.Profile) -> dict[str, dr.Plan]:
-    """Full attention, the profile at its deploy sparsity, and at 0.75 (docs/benchmarks/real-model.md)."""
-    default = profile.deploy.sparsity
-    plans = {"full": dr.plan(profile, sparsity=0.0), f"duo {default:g} (default)": dr.plan(profile)}
-    plans.setdefault("duo 0.75", dr.plan(profile, sparsity=0.75))
-    return plans
+# --- the chat format of `eval passkey` ------------------------------------------------------
+@dataclass(frozen=True)
+class ChatWork:
+    """One context's chat prompts (the same for every row)."""
+
+    prompts: tuple[ChatPrompt, ...]
+    haystack: str
+
+    @property
+    def samples(self) -> tuple[ChatPrompt, ...]:
+        return self.prompts
+
+    @property
+    def questions(self) -> int:
+        return len(self.prompts)
 
 
-def main(argv: list[str]) -> None:
-    """Print plan × prompt: exact / clean of the keys, and every answer that is not both (fp32)."""
-    import torch
-
-    from duocal.models import KNOWN_MODELS, fetch_model, load_model, load_tokenizer
-
-    name = argv[0] if argv else "smollm2-135m-instruct"
-    folder = fetch_model(name)
-    model, tokenizer = load_model(folder).float(), load_tokenizer(folder)
-    profile = dr.load_profile(str(resources.files("duocal_runtime.prebuilt") / KNOWN_MODELS[name].profile))
-    asked = [(prompt, key) for prompt in PROMPTS for key in KEYS]
-    print(f"prompt tokens: {', '.join(f'{p} {len(chat_ids(tokenizer, PROMPTS[p](KEYS[0])))}' for p in PROMPTS)}")
-    print("| plan | " + " | ".join(f"{p} exact / clean" for p in PROMPTS) + " |")
-    print("|---|" + "---|" * len(PROMPTS))
-    with torch.inference_mode():
-        for label, plan in standard_plans(profile).items():
-            answers = answer_all(model, tokenizer, plan, asked)
-            counts = tally(answers)
-            cells = " | ".join(f"{e}/{n} / {c}/{n}" for e, c, n in (counts[p] for p in PROMPTS))
-            print(f"| {label} | {cells} |")
-            for a in answers:
-                if not (a.exact and a.clean):
-                    print(f"    {label} {a.prompt} {a.key}: {a.text!r}", file=sys.stderr)
+def chat_work(tokenizer, context: int, samples: int, depths, haystack, seed: int) -> ChatWork:
+    """`samples` prompts of at most `context` chat tokens (raises `ValueError` when none fits)."""
+    check_chat_template(tokenizer)
+    prompts = tuple(chat_prompts(tokenizer, context, samples, tuple(depths), haystack, seed))
+    return ChatWork(prompts, prompts[0].haystack)
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def check_chat(depths, answer_tokens: int, protocol: str, questions: str, haystack) -> None:
+    """Raise `ValueError` for options the chat format cannot take (cheap: no tokenizer)."""
+    bad = [d for d in depths if not 0.0 <= d <= 1.0]
+    if bad or not depths:
+        raise ValueError(
+            f"depths must be in [0, 1] (where the key sits in the haystack: 0 its start, 1 its end), "
+            f"got {', '.join(map(str, bad)) or 'none'}"
+        )
+    if answer_tokens < 1:
+        raise ValueError(f"answer tokens must be at least 1, got {answer_tokens}")
+    if protocol != "query-aware" or questions != "one":
+        raise ValueError("the chat format asks one question after its document: leave --protocol and --questions out")
+    if not (isinstance(haystack, str) and (haystack in CHAT_HAYSTACKS or haystack.lower().endswith(".txt"))):
+        raise ValueError(
+            f"the chat format's haystack must be {', '.join(CHAT_HAYSTACKS)} or a .txt file, got {haystack!r}"
+        )
+
+
+def run_chat_row(model, tokenizer, plans, work: ChatWork, answer_tokens: int, tick, batch_size: int = BATCH):
+    """Each plan's exact matches and measured bytes ((hits, bytes) per plan, as `passkey_row` takes
+    them), and the row's extra fields: the share of clean answers (mean over plans) and the haystack."""
+    prompts = list(work.prompts)
+    runs = [answer_all(model, tokenizer, plan, prompts, answer_tokens, tick, batch_size) for plan in plans]
+    cleans = [sum(a.clean for a in answers) / len(answers) for answers, _ in runs]
+    extra = {"clean": sum(cleans) / len(cleans), "format": "chat", "haystack": work.haystack}
+    return [([a.exact for a in answers], measured) for answers, measured in runs], extra

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import duocal_runtime as dr
-from duocal.data import PasskeyGenerator, PasskeySample
+from duocal.data import FORMATS, PasskeyGenerator, PasskeySample
 from duocal.data.padding import pad_token_id
 from duocal.data.passkey_formats import DEMO_PASSKEY_FORMAT
 from duocal.eval.row_kinds import (
@@ -36,6 +36,7 @@ from duocal.eval.row_kinds import (
 )
 from duocal_runtime.compat import check_model_supported
 
+from .chat_passkey import ChatWork, chat_work, check_chat, run_chat_row
 from .protocols import ASK_AFTER, Work, greedy_answers, make_batches, protocols_of
 
 # Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
@@ -63,6 +64,8 @@ class PasskeyEvalConfig:
     questions: str = "one"  # "one" of each sample's passkeys, or "all" of them, one after another
     kv_bits: tuple[int, ...] = (16,)  # widths of full heads' keys and values, one row each (16, 8, 4)
     mix_policies: tuple[str, ...] = MIX_POLICIES  # what the mix row chooses among
+    depths: tuple[float, ...] = (0.25, 0.5, 0.75)  # chat format: where the key sits in the haystack, in turn
+    answer_tokens: int = 16  # chat format: the free answer's most new tokens
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -71,6 +74,7 @@ class PasskeyEvalConfig:
         set_("contexts", tuple(int(c) for c in self.contexts))
         set_("kv_bits", tuple(self.kv_bits))
         set_("mix_policies", tuple(self.mix_policies))
+        set_("depths", tuple(float(d) for d in self.depths))
         check_rows(self.rows, self.sparsities)
         check_mix_policies(self.mix_policies)
         check_kv_bits(self.kv_bits)
@@ -80,6 +84,12 @@ class PasskeyEvalConfig:
             raise ValueError("the multi-turn protocol asks several questions in sequence: add questions='all'")
         if not self.contexts or any(c < 1 for c in self.contexts):
             raise ValueError(f"contexts must be positive token counts, got {list(self.contexts)}")
+        if isinstance(self.format, str) and self.format not in (*FORMATS, "chat"):
+            raise ValueError(
+                f"unknown passkey format {self.format!r}; choose one of chat, {', '.join(sorted(FORMATS))}"
+            )
+        if self.format == "chat":
+            check_chat(self.depths, self.answer_tokens, self.protocol, self.questions, self.haystack)
         for name in ("samples", "random_seeds", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -130,7 +140,14 @@ def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile
     check_model_supported(model_config)
     refuse_beyond_positions(config.contexts, model_config, "evaluate at most that many tokens")
     require_profile(config.rows, profile, model_config)
-    if tokenizer is not None:
+    if config.format == "chat":
+        refuse_beyond_positions(
+            config.contexts, model_config, "evaluate at most that many tokens", config.answer_tokens
+        )
+    if tokenizer is not None and config.format == "chat":
+        for context in config.contexts:
+            chat_work(tokenizer, context, config.samples, config.depths, config.haystack, config.seed)
+    elif tokenizer is not None:
         for context in config.contexts:
             passkey_generator(tokenizer, context, config)  # checks the largest sample fits
 
@@ -153,7 +170,9 @@ def make_samples(tokenizer, context: int, config: PasskeyEvalConfig) -> list[Pas
     return list(passkey_generator(tokenizer, context, config).samples(config.samples))
 
 
-def make_work(tokenizer, context: int, config: PasskeyEvalConfig, pad_id: int) -> Work:
+def make_work(tokenizer, context: int, config: PasskeyEvalConfig, pad_id: int) -> Work | ChatWork:
+    if config.format == "chat":
+        return chat_work(tokenizer, context, config.samples, config.depths, config.haystack, config.seed)
     samples = tuple(make_samples(tokenizer, context, config))
     return Work(samples, tuple(make_batches(samples, config.batch_size, pad_id)))
 
@@ -187,7 +206,13 @@ def run_plan(
 
 
 def passkey_row(
-    row: RowPlans, context: int, results: list[tuple[list[bool], int]], dtype: Any, seconds: float, protocol: str, work
+    row: RowPlans,
+    context: int,
+    results: list[tuple[list[bool], int]],
+    dtype: Any,
+    seconds: float,
+    protocol: str,
+    work: Work | ChatWork,
 ) -> PasskeyRow:
     plans = row.plans
     full_bytes = dr.uniform_plan(plans[0].shape, dr.Full()).kv_bytes(context, 1, dtype)
@@ -255,11 +280,19 @@ def evaluate_passkey(
         label = f"{row.label}, {context} tokens, {protocol}"
         tick(0)
         started = time.perf_counter()
-        results = [run_plan(model, plan, asked, pad_id, tick, protocol) for plan in row.plans]
+        if isinstance(asked, ChatWork):
+            results, extra = run_chat_row(
+                model, tokenizer, row.plans, asked, config.answer_tokens, tick, config.batch_size
+            )
+        else:
+            results, extra = [run_plan(model, plan, asked, pad_id, tick, protocol) for plan in row.plans], {}
         rows.append(passkey_row(row, context, results, dtype, time.perf_counter() - started, protocol, asked))
+        rows[-1].extra.update(extra)
         if hasattr(progress, "row"):  # the CLI's progress prints each row as it finishes
             r = rows[-1]
+            clean = f", clean {r.extra['clean']:.3f}" if "clean" in r.extra else ""
             progress.row(
-                f"{label}: exact match {r.exact_match:.3f}, KV {r.fraction_of_full:.0%} of full ({r.seconds:.0f} s)"
+                f"{label}: exact match {r.exact_match:.3f}{clean}, KV {r.fraction_of_full:.0%} of full"
+                f" ({r.seconds:.0f} s)"
             )
     return rows

@@ -81,28 +81,46 @@ def sampled_row_label(row: PasskeyRow) -> str:
 # the wrapping columns: row names fold past 10 characters, '16/16 sink_window' stays on one line
 WIDTHS = {"row": {"max_width": 10}, "non-full heads": {"min_width": 17}}
 
+PASSKEY_COLUMNS = (
+    "exact match: share of answers that are the key; KV bytes: one sequence's cache at the context "
+    "(held: what the cache held at the end); of full: KV bytes / full attention's; non-full heads: "
+    "KV heads on a bounded policy, of all (their share is the sparsity)"
+)
+CLEAN_COLUMN = "clean: share of answers that repeat no 3-word phrase before their first number (not garbled)"
+
+
+def full_first(rows: Sequence[PasskeyRow]) -> list[PasskeyRow]:
+    """Per context (in their order), full attention's row (the reference) first, the others in their order."""
+    contexts = {c: i for i, c in enumerate(dict.fromkeys(r.context for r in rows))}
+    return sorted(rows, key=lambda r: (contexts[r.context], r.row != "full"))
+
 
 def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, title: str | None = None) -> None:
-    """Row x context x sparsity -> exact match, KV bytes (analytic at the context, and held at the end
-    of generation), share of full attention's, the non-full heads (their share is the sparsity).
-    Fits 80 columns: row names and head policies wrap; samples per context belong in the title."""
+    """Row x context x sparsity -> exact match (and clean, for chat prompts), KV bytes (analytic at the
+    context, and held at the end of generation), share of full attention's, the non-full heads; full
+    attention first, a caption saying what the columns mean. Fits 80 columns: row names and head
+    policies wrap; samples per context belong in the title."""
     console = console or table_console()
+    chat = any("clean" in r.extra for r in rows)
     table = compact_table(console, title)
+    table.caption, table.caption_justify = PASSKEY_COLUMNS + ("; " + CLEAN_COLUMN if chat else ""), "left"
     for name, justify in (
         ("row", "left"),
         ("context", "right"),
         ("exact\nmatch", "right"),
+        *((("clean", "right"),) if chat else ()),
         ("KV bytes", "right"),
         ("held", "right"),
         ("of\nfull", "right"),
         ("non-full heads", "left"),
     ):
         table.add_column(name, justify=justify, no_wrap=name not in ("row", "non-full heads"), **WIDTHS.get(name, {}))
-    for row in rows:
+    for row in full_first(rows):
         table.add_row(
             sampled_row_label(row),
             str(row.context),
             exact_match_text(row),
+            *((f"{row.extra['clean']:.3f}",) if chat else ()),
             human_bytes(row.kv_bytes),
             human_bytes(row.kv_bytes_measured),
             f"{row.fraction_of_full:.0%}",

@@ -25,7 +25,7 @@ import duocal_runtime as dr
 from duocal.data import PasskeyGenerator
 from duocal.eval.perplexity import text_windows
 from duocal.eval.protocols import question_start
-from duocal.eval.row_kinds import refuse_beyond_positions
+from duocal.eval.row_kinds import Progress, refuse_beyond_positions
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_keys, kept_share, retrieval_score, selected_by_passes, snapkv_kept
 from duocal.profiling.seed import PROFILER_SEED
@@ -115,19 +115,26 @@ def sequences(tokenizer, config: ProfilerConfig):
 
 
 @torch.no_grad()
-def measure(model, tokenizer, config: ProfilerConfig) -> dict[str, torch.Tensor]:
-    """Mean per-head measures, name -> [L, G] (`retrieval` only for passkey data)."""
+def measure(model, tokenizer, config: ProfilerConfig, progress: Progress | None = None) -> dict[str, torch.Tensor]:
+    """Mean per-head measures, name -> [L, G] (`retrieval` only for passkey data); `progress(done,
+    total, what)` after each sequence (total: the most sequences; text may give fewer windows)."""
     shape = dr.shape_of_config(model.config)
     policies = config.policies()
     sums: dict[str, torch.Tensor] = {}
     count = 0
     device = next(model.parameters()).device
+    most = config.samples * len(config.contexts)
+    report = progress or (lambda done, total, what: None)
+    report(0, most, "sequences measured")
     for seq in sequences(tokenizer, config):
         with recording(model, recorded_rows(seq, policies), config.quantized(shape.head_dim), len(seq.rows)) as stats:
             model(input_ids=torch.tensor([seq.ids], device=device), use_cache=False, logits_to_keep=1)
         for name, value in sample_measures(stats, seq, policies, shape).items():
             sums[name] = sums.get(name, 0) + value
         count += 1
+        report(count, max(most, count), "sequences measured")
+    if count < most:
+        report(count, count, "sequences measured")
     return {name: total / count for name, total in sums.items()}
 
 
@@ -182,11 +189,14 @@ def check_contexts_fit(config: ProfilerConfig, model_config) -> None:
     refuse_beyond_positions(config.contexts, model_config, "measure at most that many tokens")
 
 
-def profile_model(model, tokenizer, config: ProfilerConfig, model_name: str | None = None) -> dr.Profile:
-    """Measure and build the profile (scores: retrieval, else 1 − sink-window kept share)."""
+def profile_model(
+    model, tokenizer, config: ProfilerConfig, model_name: str | None = None, progress: Progress | None = None
+) -> dr.Profile:
+    """Measure and build the profile (scores: retrieval, else 1 − sink-window kept share); `progress`
+    as `measure` reports it."""
     check_contexts_fit(config, model.config)
     started = time.perf_counter()
-    measured = measure(model, tokenizer, config)
+    measured = measure(model, tokenizer, config, progress)
     seconds = time.perf_counter() - started
     settings = {"data": config.data, "samples": config.samples, "contexts": list(config.contexts), "seed": config.seed}
     shape = dr.shape_of_config(model.config)

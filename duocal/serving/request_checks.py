@@ -62,6 +62,12 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
+def without_nulls(body: dict) -> dict:
+    """`body` without its null fields: null means "not given" (OpenAI's API), but some handlers read a
+    present null as a value (`/v1/responses` echoes `parallel_tool_calls: null` into a model that refuses it)."""
+    return {key: value for key, value in body.items() if value is not None}
+
+
 def depth(value) -> int:
     """How deep lists and objects nest in `value` (a scalar: 0), without recursion."""
     deepest, stack = 0, [(value, 1)]
@@ -98,7 +104,7 @@ COMMON_FIELDS = {
     "top_p": (in_range(0, 1), "a number from 0 to 1"),
     "frequency_penalty": (in_range(-2, 2), "a number from -2 to 2"),
     "presence_penalty": (in_range(-2, 2), "a number from -2 to 2"),
-    "seed": (is_int, "an integer"),
+    "seed": (lambda v: is_int(v) and -(2**63) <= v < 2**64, "an integer from -2**63 to 2**64 - 1"),
     "n": (lambda v: is_int(v) and v >= 1, "a positive integer"),
     "best_of": (lambda v: is_int(v) and v >= 1, "a positive integer"),
     "echo": (lambda v: isinstance(v, bool), "true or false"),
@@ -110,6 +116,7 @@ COMMON_FIELDS = {
     "instructions": (lambda v: isinstance(v, str), "a string"),
     "user": (lambda v: isinstance(v, str), "a string"),
     "tools": (lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v), "a list of objects"),
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "true or false"),
     "logit_bias": (
         lambda v: isinstance(v, dict) and all(k.lstrip("-").isdigit() and is_number(b) for k, b in v.items()),
         "an object of token ids to numbers",
@@ -158,6 +165,63 @@ def content_problem(content) -> str | None:
     return None
 
 
+def is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def arguments_problem(arguments) -> str | None:
+    """Why a tool call's arguments are not what chat templates read (an object, or JSON text of one)."""
+    if isinstance(arguments, dict) or (isinstance(arguments, str) and is_json_object(arguments)):
+        return None
+    return "arguments must be an object or the JSON text of one"
+
+
+def tool_calls_problem(calls) -> str | None:
+    """Why a message's tool_calls are not `[{"function": {"name": str, "arguments": ...}}]` (None: they are,
+    or there are none); a call may also carry name and arguments itself, as transformers reads them."""
+    if not calls:
+        return None
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        return "must be a list of objects"
+    for call in calls:
+        function = call.get("function") or call
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            return "need a function with a string name"
+        problem = arguments_problem(function.get("arguments"))
+        if problem:
+            return problem
+    return None
+
+
+# `/v1/responses` input items without a role: type -> the fields transformers reads and what they must be.
+INPUT_ITEMS = {
+    "function_call": {"call_id": str, "name": str},
+    "function_call_output": {"call_id": str, "output": str},
+    "reasoning": {},
+}
+
+
+def item_problem(item: dict) -> str | None:
+    """Why an input item without a role is not one transformers can read (None: it can)."""
+    kind = item.get("type")
+    if kind not in INPUT_ITEMS:
+        return f"type must be one of {sorted(INPUT_ITEMS)} (or give the item a role)"
+    for name, want in INPUT_ITEMS[kind].items():
+        if not isinstance(item.get(name), want):
+            return f"({kind}) needs a string {name}"
+    if kind == "function_call":
+        return arguments_problem(item.get("arguments"))
+    parts = item.get("content") or []
+    if kind == "reasoning" and not (
+        isinstance(parts, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts)
+    ):
+        return "(reasoning) content must be a list of objects with a string text"
+    return None
+
+
 def check_messages(messages, field: str) -> None:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, f"{field} must be a non-empty list of messages", param=field)
@@ -165,17 +229,20 @@ def check_messages(messages, field: str) -> None:
         if not isinstance(message, dict):
             raise ApiError(400, f"{field}[{i}] must be an object", param=field)
         if "role" not in message and field == "input":
-            if not isinstance(message.get("type"), str):
-                raise ApiError(400, f"input[{i}] must have a string role or type", param=field)
+            problem = item_problem(message)
+            if problem:
+                raise ApiError(400, f"input[{i}] {problem}", param=field)
             continue
         if not isinstance(message.get("role"), str):
             raise ApiError(400, f"{field}[{i}].role must be a string", param=field)
         problem = content_problem(message.get("content"))
         if problem:
             raise ApiError(400, f"{field}[{i}].content {problem}", param=field)
-        calls = message.get("tool_calls")
-        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
-            raise ApiError(400, f"{field}[{i}].tool_calls must be a list of objects", param=field)
+        problem = tool_calls_problem(message.get("tool_calls"))
+        if problem:
+            raise ApiError(400, f"{field}[{i}].tool_calls {problem}", param=field)
+        if not isinstance(message.get("tool_call_id", ""), str):
+            raise ApiError(400, f"{field}[{i}].tool_call_id must be a string", param=field)
 
 
 def check_input(body: dict) -> None:

@@ -2,7 +2,8 @@
 
 The handlers, streaming and tokenization are transformers' (`transformers/cli/serving/`); the app is
 ours, so it has only the routes we mean: POST `/v1/chat/completions`, `/v1/completions`,
-`/v1/responses`, GET `/v1/models`, `/v1/models/{id}` and `/health` (transformers' `/reset`,
+`/v1/responses`, GET `/v1/models`, `/v1/models/{id}`, `/health`, `/metrics` (metrics.py) and `/openapi.json`
+(openapi.py) (transformers' `/reset`,
 `/load_model`, `/v1/systemone`, `/v1/audio/transcriptions` and FastAPI's docs are 404). What duocal adds:
 the model is loaded here, checked against the plan and served under the name it was given (another name:
 404 model_not_found); its continuous batching runs on duocal's paged cache (`dr.apply` makes
@@ -23,8 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api_errors import ApiError, error_response, install_error_handlers
+from .metrics import install_metrics
 from .openai_answers import shape_answer
-from .request_checks import DEFAULT_MAX_REQUEST_BYTES, check_body, parse_body, read_body
+from .openapi import generation_operation
+from .request_checks import DEFAULT_MAX_REQUEST_BYTES, check_body, parse_body, read_body, without_nulls
 from .request_flow import request_id_for, run_while_connected
 from .served_fields import Decoding, check_served
 from .stop_strings import honour_stop_strings
@@ -78,7 +81,7 @@ def generation_route(path: str, handler, serving: Serving):
     from fastapi import Request
 
     async def route(request: Request):
-        body = parse_body(await read_body(request, serving.max_bytes))
+        body = without_nulls(parse_body(await read_body(request, serving.max_bytes)))
         check_body(path, body)
         if body.get("model") not in (None, serving.name):
             raise model_not_found(serving.name, body["model"])
@@ -144,7 +147,7 @@ def build_app(
     batching.init_cb(model, model.generation_config)  # the pool is made now, with the model's sampling settings
     manager = batching._cb
     honour_stop_strings(batching, manager)
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="duocal serve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     install_error_handlers(app, PlanRequestError, CBWorkerDeadError)
     handlers = {
         "/v1/chat/completions": ChatCompletionHandler(models, state),
@@ -155,7 +158,10 @@ def build_app(
         manager, name, bool(tokenizer.chat_template), Decoding.of(model.generation_config), max_request_bytes
     )
     for path, handler in handlers.items():
-        app.add_api_route(path, generation_route(path, handler, serving), methods=["POST"])
+        route = generation_route(path, handler, serving)
+        accepted = set(handler._valid_params_class.__mutable_keys__)
+        app.add_api_route(path, route, methods=["POST"], openapi_extra=generation_operation(path, accepted, name))
     model_routes(app, name)
     app.add_api_route("/health", health_route(manager), methods=["GET"])
+    install_metrics(app, manager, [*handlers, "/v1/models", f"/v1/models/{name}", "/health", "/openapi.json"])
     return ServedModel(app, name, manager, runtime)

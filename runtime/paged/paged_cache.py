@@ -179,6 +179,27 @@ class DuoPagedCache(PagedAttentionCache):
         self.pool.try_to_free_sectors()
         return self.pool.num_free_sectors
 
+    def idle_sectors(self) -> int:
+        """Sectors no request holds a block of: unassigned ones and those whose blocks all came back (the pool
+        releases those lazily, in `free_sectors`). Reads without changing the pool (the batching thread owns
+        it), so a count taken mid-step may be one step old."""
+        whole = sum(
+            sum(len(leaves) == trees.elems_per_tree for leaves in list(trees.trees.values()))
+            for trees in self.pool._free_blocks
+        )
+        return self.pool.num_free_sectors + whole
+
+    def page_counts(self) -> dict[str, tuple[int, int]]:
+        """allocator name -> (blocks requests hold, blocks it could still take: its free blocks in sectors in
+        use, and every idle sector's worth; an idle sector counts for each allocator). Read-only, as above."""
+        idle, counts = self.idle_sectors(), {}
+        for name, ca in self.cache_allocators.items():
+            trees = self.pool._free_blocks[ca.index]
+            held = sum(len(blocks) for blocks in list(ca.block_table.values()))
+            partial = sum(len(leaves) for leaves in list(trees.trees.values()) if len(leaves) < trees.elems_per_tree)
+            counts[name] = (held, partial + idle * ca.blocks_per_sector)
+        return counts
+
     # --- what the engine calls ------------------------------------------------------------------
     def can_store_request_tokens(self, state, request_len: int, dry_run: bool = False) -> bool:
         # Plans whose result depends on where a prompt is cut (H2O evicts after every chunk) prefill

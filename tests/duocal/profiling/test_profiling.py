@@ -153,6 +153,9 @@ def test_cli_profile_writes_a_profile_with_measurements_and_refuses_bad_input(tm
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["version"] == 3 and data["source"]["kind"] == "profiler" and "kept:h2o" in data["measurements"]
+    # progress on stderr (plain lines off a terminal): the first sequence, with an ETA, and the last
+    assert "profile: 1/2 (50%), " in result.stderr and ", ETA " in result.stderr, result.stderr
+    assert "profile: 2/2 (100%), " in result.stderr
     text = tmp_path / "t.txt"
     text.write_text("abc def ghi " * 200)
     result = runner.invoke(

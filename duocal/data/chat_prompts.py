@@ -1,0 +1,164 @@
+"""Chat prompts with a pass key hidden in a haystack, the question after it (README's quick-start prompt).
+
+A prompt is an instruction, haystack sentences, the key sentence at a depth (0: right after the
+instruction, 1: right before the question), more haystack, then the question, all in one user turn
+of the model's chat template: README's words for the repeated filler, the words of the licence
+prompt of the regression test (the key a paragraph of its own) for a real text. The haystack is
+cut into sentences so no word is split: `repeated` (the passkey task's five sentences, as in
+README) or the sentences of a text file. With 125 repeated sentences on each side it is exactly
+README's prompt.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from duocal.data.haystack import REPEATED_FILLER
+from duocal_runtime.files.regular_files import read_text
+
+HAYSTACK_TEXT = "gpl-3.0.txt"  # `text`: the GPL-3.0 text in duocal/assets/texts
+CHAT_HAYSTACKS = ("repeated", "text")  # or a plain-text file
+KEY_RANGE = (10000, 99999)  # five-digit keys, as README's 71432
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """One question: its key, where the key sits (0..1 of the haystack) and the user turn's text."""
+
+    key: int
+    depth: float
+    text: str
+    haystack: str = "readme"
+
+
+@dataclass(frozen=True)
+class Framing:
+    """The words around the haystack: an instruction, the key's sentence (`{key}`) and the question."""
+
+    intro: str
+    needle: str
+    question: str
+
+
+# README's quick-start prompt, for the repeated filler.
+README_FRAMING = Framing(
+    "There is important info hidden in this text. Find it and memorize it. ",
+    "The pass key is {key}. Remember it. {key} is the pass key. ",
+    "\nWhat is the pass key?",
+)
+# For a real text, the key as a paragraph of its own and a question that points into the text:
+# in README's words SmolLM2-135M answers about the text itself ("This License is a special
+# version of ..."): 0 of 8 with full attention at 1.3k tokens of the GPL.
+TEXT_FRAMING = Framing(
+    "Read this text carefully.\n\n",
+    "\n\nThe pass key is {key}. Remember it.\n\n",
+    "\n\nWhat is the pass key mentioned in the text?",
+)
+
+
+def document(before: list[str], after: list[str], key: int, framing: Framing = README_FRAMING) -> str:
+    """The user turn: instruction, `before` sentences, the key, `after` sentences, the question."""
+    needle = framing.needle.format(key=key)
+    return f"{framing.intro}{''.join(before)}{needle}{''.join(after)}{framing.question}"
+
+
+def haystack_sentences(haystack: str | Path) -> tuple[str, list[str]]:
+    """(name, sentences each with its trailing space) of `repeated`, `text` (the GPL-3.0 text) or a text file."""
+    if haystack == "repeated":
+        return "repeated", sentences_in(REPEATED_FILLER)
+    if haystack == "text":
+        licence = (resources.files("duocal") / "assets" / "texts" / HAYSTACK_TEXT).read_text(encoding="utf-8")
+        body, name = licence[licence.index("Preamble") :], "text"  # not the title's numbers (version, year)
+    elif str(haystack).lower().endswith(".txt"):
+        body, name = read_text(Path(haystack), "--haystack"), Path(haystack).name
+    else:
+        raise ValueError(
+            f"the chat format's haystack must be {', '.join(CHAT_HAYSTACKS)} or a .txt file, got {haystack!r}"
+        )
+    sentences = sentences_in(body)
+    if not sentences:
+        raise ValueError(f"haystack {name} has no sentences (text ending in . ! or ?) to hide the key between")
+    return name, sentences
+
+
+def sentences_in(body: str) -> list[str]:
+    """`body` cut after each sentence or clause end (. ! ? ; : before a space) and each blank line;
+    a tail without one is dropped."""
+    return re.findall(r".*?(?:[.!?;:]+[\"')\]]*(?:\s+|$)|\n\s*\n\s*)", body, re.S)
+
+
+def sentences_of(pool: list[str], count: int, cycle: bool) -> list[str]:
+    """The first `count` sentences of `pool` (repeated from its start when `cycle`)."""
+    if cycle:
+        return [pool[i % len(pool)] for i in range(count)]
+    return pool[:count]
+
+
+def depth_cut(sentences: list[str], depth: float) -> int:
+    """How many of `sentences` go before the key: the fewest that hold `depth` of their characters."""
+    total, held = sum(map(len, sentences)), 0
+    for i, sentence in enumerate(sentences):
+        if held >= depth * total:
+            return i
+        held += len(sentence)
+    return len(sentences)
+
+
+def fitted_prompt(
+    tokenizer, pool: list[str], cycle: bool, context: int, key: int, depth: float, framing: Framing = README_FRAMING
+) -> str:
+    """The longest prompt of at most `context` chat tokens, the key after `depth` of its haystack's characters."""
+
+    def text(count: int) -> str:
+        used = sentences_of(pool, count, cycle)
+        cut = depth_cut(used, depth)
+        return document(used[:cut], used[cut:], key, framing)
+
+    low, high = 0, len(pool) if not cycle else context  # a sentence is at least one token
+    if chat_length(tokenizer, text(0)) > context:
+        raise ValueError(f"context {context} is too short for the chat prompt's instruction and question")
+    while low < high:  # the most sentences that fit
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if chat_length(tokenizer, text(middle)) <= context else (low, middle - 1)
+    if not cycle and low == len(pool) and chat_length(tokenizer, text(low)) < context * 0.9:
+        raise ValueError(
+            f"the haystack text is too short for {context} tokens; give a shorter context or a longer text"
+        )
+    return text(low)
+
+
+def chat_ids(tokenizer, content: str) -> list[int]:
+    """The user turn `content` in the model's chat template, with the assistant's turn opened."""
+    messages = [{"role": "user", "content": content}]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+
+def chat_length(tokenizer, content: str) -> int:
+    return len(chat_ids(tokenizer, content))
+
+
+def check_chat_template(tokenizer) -> None:
+    """Raise `ValueError` when the tokenizer has no chat template to put the prompts in."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "the chat format needs the model's chat template and this tokenizer has none; use --format digits"
+        )
+
+
+def chat_prompts(
+    tokenizer, context: int, samples: int, depths: tuple[float, ...], haystack: str | Path, seed: int
+) -> list[ChatPrompt]:
+    """`samples` prompts of at most `context` chat tokens: keys drawn from `seed`, depths in turn."""
+    name, pool = haystack_sentences(haystack)
+    framing = README_FRAMING if name == "repeated" else TEXT_FRAMING
+    draw = random.Random(f"duocal-chat-passkey:{seed}")
+    out = []
+    for i in range(samples):
+        key, depth = draw.randint(*KEY_RANGE), depths[i % len(depths)]
+        text = fitted_prompt(tokenizer, pool, name == "repeated", context, key, depth, framing)
+        out.append(ChatPrompt(key, depth, text, name))
+    return out
