@@ -5,6 +5,7 @@ import io
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -73,7 +74,8 @@ def test_a_stream_that_is_not_utf8_gets_an_ascii_rule():
 
 def test_under_the_c_locale_the_table_is_ascii_though_python_writes_utf8():
     code = (
-        "import sys; sys.path.insert(0, 'tests'); from test_tables_fit import passkey_rows; "
+        f"import sys; sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(REPO / 'tests')!r}]; "
+        "from test_tables_fit import passkey_rows; "
         "from duocal.eval.tables import render_table; render_table(passkey_rows(), title='demo')"
     )
     for env, want_ascii in (({"LANG": "C"}, True), ({"LANG": "C.UTF-8"}, False)):
