@@ -28,6 +28,37 @@ def test_links_lead_to_files(name):
     assert not missing, f"{name} links to files that do not exist: {missing}"
 
 
+def named_test_files(markdown: str) -> list[str]:
+    """Every test file path written from the repository root (`tests/....py`) in a page: in a link, code or prose."""
+    return re.findall(r"(?<![\w/.-])tests/[\w/.-]*?\.py\b", markdown)
+
+
+def pages_that_name_test_files() -> list[Path]:
+    docs = sorted(p for p in (REPO / "docs").rglob("*.md") if "_incoming" not in p.parts)
+    return [REPO / "README.md", REPO / "CHANGELOG.md", *docs]
+
+
+def test_named_test_files_finds_paths_in_any_markdown():
+    page = "see `tests/runtime/x/test_a.py::test_b`, [b](../tests/test_c.py) and tests/duocal/test_d.py."
+    assert named_test_files(page) == ["tests/runtime/x/test_a.py", "tests/duocal/test_d.py"]
+
+
+def test_every_test_file_the_docs_name_exists():
+    """The tests moved into rooms once (tests/runtime/<room>/, tests/duocal/<room>/) and the docs kept the
+    old paths: a page that names a test file must name one that is there (`find tests -name test_x.py`)."""
+    pages = pages_that_name_test_files()
+    assert len(pages) > 20 and any(named_test_files(p.read_text()) for p in pages), "no page names a test file"
+    missing = [
+        f"{page.relative_to(REPO)}: {path}"
+        for page in pages
+        for path in named_test_files(page.read_text())
+        if not (REPO / path).is_file()
+    ]
+    assert not missing, (
+        f"pages name test files that do not exist (find the file by name: find tests -name ...): {missing}"
+    )
+
+
 def test_readme_links_into_every_docs_section():
     links = set(relative_links((REPO / "README.md").read_text()))
     for section in ("getting-started.md", "guides/", "reference/", "benchmarks/", "contributing/"):
