@@ -125,9 +125,16 @@ def test_pages_and_running_requests_follow_a_stream_and_return_to_zero(server):
     body = json.dumps({"model": NAME, "prompt": "x" * 200, "max_tokens": 1500, "stream": True}).encode()
     head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
     connection.sendall(head.encode() + b"\r\n\r\n" + body)
-    connection.recv(4096)  # the stream has started
+    connection.recv(4096)  # the headers are out; the request may still wait for the batching worker
+
+    def running_with_pages() -> bool:
+        now = scrape(base)
+        return value(now, "duocal_requests_running") == 1 and all(
+            value(now, "duocal_kv_pages_used", group=g) >= 1 for g in groups(now)
+        )
+
+    assert wait_for(running_with_pages)
     busy = scrape(base)
-    assert value(busy, "duocal_requests_running") == 1
     for g in groups(busy):
         used, free = value(busy, "duocal_kv_pages_used", group=g), value(busy, "duocal_kv_pages_free", group=g)
         assert used >= 1 and 0 <= free <= cache.num_sectors * per_sector[g] - used, g
@@ -144,6 +151,7 @@ def test_pages_and_running_requests_follow_a_stream_and_return_to_zero(server):
 
 def test_a_request_queued_behind_a_paused_worker_counts_as_waiting(server):
     served, base = server
+    assert wait_for(lambda: value(scrape(base), "duocal_requests_running") == 0)  # earlier tests' requests ended
     answers = []
     with served.manager.pause():
         thread = threading.Thread(
