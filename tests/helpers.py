@@ -31,17 +31,17 @@ def pool_is_whole(served, seconds=20) -> bool:
 
 
 @contextlib.contextmanager
-def served_over_http(settings, log_level="warning"):
-    """`prepare_server(settings)` listening on a free port of 127.0.0.1 from a thread of this process (so a
+def served_over_http(settings, log_level="warning", host="127.0.0.1"):
+    """`prepare_server(settings)` listening on a free port of `host` from a thread of this process (so a
     test sees the pool): yields (served, pool summary, base URL); stopped within 30 s whatever happens."""
     import threading
 
     import uvicorn
 
-    from duocal.serving.startup import listening_socket, prepare_server
+    from duocal.serving.startup import listening_socket, prepare_server, server_url
 
     served, summary = prepare_server(settings)
-    sock = listening_socket("127.0.0.1", 0)
+    sock = listening_socket(host, 0)
     app = uvicorn.Server(uvicorn.Config(served.app, log_level=log_level))
     thread = threading.Thread(target=app.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -49,7 +49,7 @@ def served_over_http(settings, log_level="warning"):
     while not app.started and time.perf_counter() < deadline:
         time.sleep(0.05)
     try:
-        yield served, summary, f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield served, summary, server_url(host, sock.getsockname()[1])
     finally:
         app.should_exit = True
         thread.join(timeout=30)

@@ -5,12 +5,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import threading
-import time
 
-import uvicorn
+from duocal.serving.startup import ServeSettings
 
-from duocal.serving.startup import ServeSettings, listening_socket, prepare_server, server_url
+from helpers import served_over_http
 
 NAME = "duocal/demo-model"
 SMALL_POOL = {"sparsity": 0.5, "num_blocks": 128, "max_batch_tokens": 2048, "page_size": 16}
@@ -19,21 +17,8 @@ SMALL_POOL = {"sparsity": 0.5, "num_blocks": 128, "max_batch_tokens": 2048, "pag
 @contextlib.contextmanager
 def running_server(host="127.0.0.1", **settings):
     """(ServedModel, base URL) of the demo model served on `host`; stopped within 30 s whatever happens."""
-    served, _ = prepare_server(ServeSettings(**{**SMALL_POOL, **settings}))
-    sock = listening_socket(host, 0)
-    app = uvicorn.Server(uvicorn.Config(served.app, log_level="critical"))
-    thread = threading.Thread(target=app.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.perf_counter() + 30
-    while not app.started and time.perf_counter() < deadline:
-        time.sleep(0.05)
-    try:
-        yield served, server_url(host, sock.getsockname()[1])
-    finally:
-        app.should_exit = True
-        thread.join(timeout=30)
-        served.manager.stop(block=True, hard_stop=True, timeout=10)
-        served.runtime.remove()
+    with served_over_http(ServeSettings(**{**SMALL_POOL, **settings}), "critical", host) as (served, _, base):
+        yield served, base
 
 
 def call(base, method, path, body=None, timeout=60) -> tuple[int, bytes, dict]:
