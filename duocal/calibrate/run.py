@@ -14,6 +14,7 @@ distill_loss, reg_loss, lr, tokens, seconds), `config.yaml` (the resolved recipe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -33,6 +34,7 @@ from duocal.calibrate.gates import clamp_trainable_
 from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
 from duocal.calibrate.recipe import Recipe, load_resolved
 from duocal.calibrate.ulysses import SequenceParallel
+from duocal.reports.progress import LineProgress, stderr_line
 from duocal.reports.progress_bar import progress_bar
 from duocal_runtime.files.atomic import write_atomic
 
@@ -70,9 +72,25 @@ class Metrics:
                 f.write(json.dumps(record) + "\n")
 
 
-def calibration_progress(active: bool):
-    """Rank 0's bar: step, losses and lr of the last step, elapsed time and ETA."""
+def calibration_bar(active: bool):
+    """Rank 0's bar on a terminal: step, losses and lr of the last step, elapsed time and ETA."""
     return progress_bar("calibrate", "{task.fields[losses]}", disable=not active)
+
+
+@contextlib.contextmanager
+def calibration_progress(active: bool, start: int, steps: int):
+    """`report(done, losses)` for rank 0 on stderr: the bar on a terminal, plain periodic lines elsewhere
+    ("calibrate: 120/400 (30%), 1:02 elapsed, ETA 2:24"; the losses are in metrics.jsonl); nothing on other ranks."""
+    from rich.console import Console
+
+    if active and not Console(stderr=True).is_terminal:
+        with LineProgress("calibrate", stderr_line).beating() as lines:
+            lines(start, steps, "calibrate")
+            yield lambda done, losses: lines(done, steps, "calibrate")
+        return
+    with calibration_bar(active) as bar:
+        task = bar.add_task("calibrate", total=steps, completed=start, losses="")
+        yield lambda done, losses: bar.update(task, completed=done, losses=losses)
 
 
 def calibrate(recipe: Recipe, output: str | Path, resume: bool = False) -> Path | None:
@@ -115,8 +133,7 @@ def _train_and_rank(recipe, output, resume, where: ds.Distributed, checked, mode
     metrics = Metrics(output / "metrics.jsonl", start, where.is_main)
     last: dict[str, float] = {}
     begun = time.perf_counter()
-    with calibration_progress(where.is_main) as bar:
-        task = bar.add_task("calibrate", total=t.steps, completed=start, losses="")
+    with calibration_progress(where.is_main, start, t.steps) as report_progress:
         for step in range(start, t.steps):
             tic = time.perf_counter()
             clamp_trainable_(engine)  # upstream projects the gates onto [0, 1] before every step
@@ -141,7 +158,7 @@ def _train_and_rank(recipe, output, resume, where: ds.Distributed, checked, mode
                 "seconds": round(time.perf_counter() - tic, 4),
             }
             metrics.write(last)
-            bar.update(task, advance=1, losses=f"distill {distill:.4g}  reg {float(reg):.3f}  lr {lr:.2e}")
+            report_progress(step + 1, f"distill {distill:.4g}  reg {float(reg):.3f}  lr {lr:.2e}")
             if recipe.checkpoint.every and (step + 1) % recipe.checkpoint.every == 0 and step + 1 < t.steps:
                 checkpoint.save(engine, output, step + 1, recipe.checkpoint.keep)
     clamp_trainable_(engine)

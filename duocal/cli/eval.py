@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from duocal.reports.progress import stderr_progress
+
 from .options import (
     JsonOpt,
     KvBitsOpt,
@@ -25,7 +27,6 @@ from .options import (
     json_only_stdout,
     split,
 )
-from .progress import eval_progress
 from .user_errors import user_errors
 
 eval_app = typer.Typer(help="Evaluate models under KV cache plans.", no_args_is_help=True)
@@ -177,7 +178,7 @@ def passkey(
         tokenizer = ref.load_tokenizer()
         check_eval(config, ref.load_config(), loaded, tokenizer)  # before loading the weights
         lm = ref.load_model()
-        with eval_progress("passkey") as progress:
+        with stderr_progress("passkey") as progress:
             results = evaluate_passkey(lm, tokenizer, config, profile=loaded, progress=progress)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
@@ -272,7 +273,7 @@ def ppl(
         content = read_text(source, "--text")
         check_window_fits(config, ref.load_config(), loaded)  # before loading the weights
         lm, tokenizer = ref.load_model(), ref.load_tokenizer()
-        with eval_progress("ppl") as progress:
+        with stderr_progress("ppl") as progress:
             results = evaluate_perplexity(lm, tokenizer, content, config, profile=loaded, progress=progress)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in results], indent=2))

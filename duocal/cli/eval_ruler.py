@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from duocal.reports.progress import stderr_progress
+
 from .eval import eval_app, model_and_profile
 from .options import (
     JsonOpt,
@@ -22,7 +24,6 @@ from .options import (
     json_only_stdout,
     split,
 )
-from .progress import eval_progress
 from .user_errors import user_errors
 
 OFFLINE_TASKS = (
@@ -138,5 +139,5 @@ def run_ruler(config, ref, loaded):
 
     tokenizer_dir = ref.path  # lm-eval sizes its prompts with the tokenizer it loads from here
     lm, tokenizer = ref.load_model(), ref.load_tokenizer()
-    with eval_progress("ruler") as progress:
+    with stderr_progress("ruler") as progress:
         return evaluate_ruler(lm, tokenizer, tokenizer_dir, config, profile=loaded, progress=progress)

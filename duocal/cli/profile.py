@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 import typer
 
 from duocal.profiling.seed import PROFILER_SEED
+from duocal.reports.progress import stderr_progress
 from duocal_runtime.profile.format_version import VERSION as PROFILE_VERSION
 
 from .options import split
-from .progress import eval_progress
 from .user_errors import user_errors
 
 PROFILE_EPILOG = """Examples:
@@ -117,7 +117,7 @@ def profile_command(
         if base is not None:
             base.check_compatible(model_config)
         lm = ref.load_model()
-        with eval_progress("profile") as progress:
+        with stderr_progress("profile") as progress:
             result = profile_model(lm, ref.load_tokenizer(), config, ref.name, progress=progress)
         if base is not None:
             result = with_measurements(base, result)

@@ -2,7 +2,7 @@
 
 import time
 
-from duocal.cli.progress import LineProgress, clock_text, progress_line
+from duocal.reports.progress import LineProgress, clock_text, progress_line
 
 
 class FakeClock:

@@ -106,7 +106,7 @@ def stderr_line(text: str) -> None:
 
 
 @contextlib.contextmanager
-def eval_progress(label: str):
+def stderr_progress(label: str):
     """Progress of `label` on stderr: a bar on a terminal, else plain periodic lines (`LineProgress`)."""
     from rich.console import Console
 
