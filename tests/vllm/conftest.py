@@ -94,17 +94,30 @@ def offline_engines(reference: dict, wrong_profile: Path) -> list[dict]:
 def offline(model_folder, reference, tmp_path_factory) -> dict[str, EngineRun]:
     """Runs every offline engine once, in one subprocess: {name: EngineRun}."""
     engines = offline_engines(reference, profile_of_another_model(tmp_path_factory.mktemp("profiles")))
+    return run_engines(model_folder, engines)
+
+
+def run_engines(model_folder: Path, engines: list[dict], env: dict | None = None) -> dict[str, EngineRun]:
+    """Runs the engines (run_vllm.py's engine keys) one after another in one subprocess: {name: EngineRun}."""
     done = subprocess.run(
         [sys.executable, str(HERE / "run_vllm.py"), json.dumps({"model": str(model_folder), "engines": engines})],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, **ENV},
+        env={**os.environ, **ENV, **(env or {})},
         timeout=1200,
     )
     runs = engine_runs(done.stdout)
     assert set(runs) == {engine["name"] for engine in engines}, done.stdout[-4000:]
     return runs
+
+
+def run_vllm(model_folder: Path, prompts, hf_overrides=None, max_tokens=16, env=None, **settings):
+    """(tokens per prompt or None, the log) of one engine in its own subprocess: a start of its own, so prefer a
+    configuration in `offline_engines`. `settings`: more run_vllm.py engine keys (block_size, ...)."""
+    engine = {"name": "one", "prompts": prompts, "max_tokens": max_tokens, "hf_overrides": hf_overrides, **settings}
+    run = run_engines(model_folder, [engine], env)["one"]
+    return run.tokens, run.log
 
 
 def engine_runs(text: str) -> dict[str, EngineRun]:

@@ -11,7 +11,7 @@ the log above the line), then ``SECONDS name N``. vLLM's log-once messages are f
 each engine's part of the log has its own start-up lines (e.g. "KV cache size: N tokens").
 Engine keys: "prompts", "max_tokens" (16), "hf_overrides", "env" (set in os.environ while the engine is built and
 runs: the plugin reads DUOCAL_* there), "max_model_len" (2048), "max_num_batched_tokens" (512),
-"enable_prefix_caching" (false). float32, eager mode, at most 4 sequences.
+"enable_prefix_caching" (false), "block_size" (vLLM's choice). float32, eager mode, at most 4 sequences.
 Prompts run one after another, so that a repeated prompt can hit the cache of an earlier one.
 """
 
@@ -34,6 +34,7 @@ def build(spec: dict):
         max_num_seqs=4,
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 512),
         enable_prefix_caching=spec.get("enable_prefix_caching", False),
+        block_size=spec.get("block_size"),
         hf_overrides=spec.get("hf_overrides"),
     )
 
