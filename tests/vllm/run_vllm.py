@@ -1,40 +1,89 @@
-"""Runs one vLLM engine (in this process) on token-id prompts and prints the greedy tokens as JSON.
+"""Runs vLLM engines one after another in this process on token-id prompts, and prints each one's greedy tokens.
 
-Used by the tests in a subprocess each, so that every engine starts clean:
+Used by the tests in one subprocess for all their offline engines (importing vLLM costs a start; an engine
+does not leave the process half-built: each is shut down and vLLM's distributed state torn down before the next):
 
-    python tests/vllm/run_vllm.py '{"prompts": [[1, 2, 3]], "max_tokens": 16, "hf_overrides": {...}}'
+    python tests/vllm/run_vllm.py '{"model": DIR, "engines": [{"name": "stock", "prompts": [[1, 2, 3]]}, ...]}'
 
-Prints one line ``RESULT {"tokens": [[...], ...], "cached": [prompt tokens read from the prefix cache, ...]}``.
-float32, eager mode, prefix caching only with ``"enable_prefix_caching": true``. Prompts run one after
-another, so that a repeated prompt can hit the cache of an earlier one.
+Per engine, in order: ``ENGINE name`` before it starts, then ``RESULT name {"tokens": [[...], ...], "cached":
+[prompt tokens read from the prefix cache, ...]}`` or ``REFUSED name`` when building it raised (its message is in
+the log above the line), then ``SECONDS name N``. vLLM's log-once messages are forgotten between engines, so that
+each engine's part of the log has its own start-up lines (e.g. "KV cache size: N tokens").
+Engine keys: "prompts", "max_tokens" (16), "hf_overrides", "env" (set in os.environ while the engine is built and
+runs: the plugin reads DUOCAL_* there), "max_model_len" (2048), "max_num_batched_tokens" (512),
+"enable_prefix_caching" (false), "block_size" (vLLM's choice). float32, eager mode, at most 4 sequences.
+Prompts run one after another, so that a repeated prompt can hit the cache of an earlier one.
 """
 
+import gc
 import json
 import os
 import sys
+import time
+import traceback
 
-MODEL = os.environ.get("DUOCAL_VLLM_MODEL", "")
 
+def build(spec: dict):
+    from vllm import LLM
 
-def main(spec: dict) -> None:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    llm = LLM(
-        model=spec.get("model", MODEL),
+    return LLM(
+        model=spec["model"],
         dtype="float32",
         enforce_eager=True,
         max_model_len=spec.get("max_model_len", 2048),
         max_num_seqs=4,
-        max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
+        max_num_batched_tokens=spec.get("max_num_batched_tokens", 512),
         enable_prefix_caching=spec.get("enable_prefix_caching", False),
+        block_size=spec.get("block_size"),
         hf_overrides=spec.get("hf_overrides"),
     )
+
+
+def generate(llm, spec: dict) -> dict:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 16))
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
-    params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"])
     outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
-    tokens = [list(o.outputs[0].token_ids) for o in outs]
-    print("RESULT " + json.dumps({"tokens": tokens, "cached": [o.num_cached_tokens for o in outs]}), flush=True)
+    return {"tokens": [list(o.outputs[0].token_ids) for o in outs], "cached": [o.num_cached_tokens for o in outs]}
+
+
+def shut_down(llm) -> None:
+    """Ends the engine (its in-process core) and vLLM's process-wide state, so the next one starts clean."""
+    from vllm import logger
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    if llm is not None:
+        llm.llm_engine.engine_core.shutdown()
+    gc.collect()
+    cleanup_dist_env_and_memory()
+    for once in (logger._print_debug_once, logger._print_info_once, logger._print_warning_once):
+        once.cache_clear()
+
+
+def run_engine(spec: dict) -> None:
+    name, env, start = spec["name"], spec.get("env", {}), time.monotonic()
+    print(f"ENGINE {name}", flush=True)
+    os.environ.update(env)
+    llm = None
+    try:
+        llm = build(spec)
+    except Exception:
+        traceback.print_exc()
+        print(f"REFUSED {name}", flush=True)
+    else:
+        print(f"RESULT {name} " + json.dumps(generate(llm, spec)), flush=True)
+    finally:
+        shut_down(llm)
+        for key in env:
+            os.environ.pop(key)
+        print(f"SECONDS {name} {time.monotonic() - start:.1f}", flush=True)
+
+
+def main(run: dict) -> None:
+    for engine in run["engines"]:
+        run_engine({"model": run["model"], **engine})
 
 
 if __name__ == "__main__":

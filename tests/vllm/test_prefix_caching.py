@@ -1,31 +1,16 @@
-"""`--enable-prefix-caching` with a duocal plan: no crash, the same tokens. With streaming heads no prompt
-reuses a cached prefix and one log line says why; an all-full plan caches prefixes as stock vLLM does.
-(Prefix caching off: every other test in this folder.)"""
+"""Prefix caching with a duocal plan: on with an all-full plan (an offline engine of conftest.py), a repeated
+prompt reuses its cached prefix as stock vLLM does, with the same tokens. Off: the stock and small-window engines
+(test_duo_llama.py). On with streaming heads (the shipped profile at 0.5): test_serve_vllm.py's server, where no
+prompt reuses a cached prefix and one log line says why."""
 
 from duocal_vllm.sink_window_spec import PREFIX_CACHING_OFF
 
-from conftest import duo_overrides, run_vllm_result
 
-
-def test_with_streaming_heads_prefix_caching_is_off_in_effect_and_says_why(model_folder, reference):
-    long_case = reference["cases"][2]
-    prompts = [long_case["prompt_ids"]] * 2 + [reference["cases"][3]["prompt_ids"]]
-    result, log = run_vllm_result(
-        model_folder, prompts, duo_overrides(duocal_sparsity=reference["sparsity"]), enable_prefix_caching=True
-    )
-    assert result is not None, log[-3000:]
-    assert result["tokens"] == [long_case["duo"], long_case["duo"], reference["cases"][3]["duo"]]
-    assert result["cached"] == [0, 0, 0]
-    assert log.count(PREFIX_CACHING_OFF) == 1
-
-
-def test_an_all_full_plan_reuses_cached_prefixes(model_folder, reference):
-    long_case = reference["cases"][2]
-    result, log = run_vllm_result(
-        model_folder, [long_case["prompt_ids"]] * 2, duo_overrides(duocal_sparsity=0), enable_prefix_caching=True
-    )
-    assert result is not None, log[-3000:]
-    first, again = result["tokens"]
-    assert first == again
-    assert result["cached"][0] == 0 and result["cached"][1] >= len(long_case["prompt_ids"]) // 128 * 128 - 128 > 0
-    assert PREFIX_CACHING_OFF not in log
+def test_an_all_full_plan_reuses_cached_prefixes(offline, reference):
+    run = offline["all_full"]
+    long_prompt = reference["cases"][2]["prompt_ids"]
+    assert run.tokens is not None, run.log[-3000:]
+    assert run.tokens[-1] == run.tokens[2]  # the long prompt, again
+    assert run.cached[:-1] == [0] * len(reference["cases"])
+    assert run.cached[-1] >= len(long_prompt) // 128 * 128 - 128 > 0
+    assert PREFIX_CACHING_OFF not in run.log

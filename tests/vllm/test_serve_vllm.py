@@ -1,9 +1,11 @@
-"""`duocal serve MODEL --engine vllm`: vLLM's own OpenAI server with the plugin and the shipped profile at 0.5.
+"""`duocal serve MODEL --engine vllm`: vLLM's own OpenAI server with the plugin and the shipped profile at 0.5
+(a mixed plan: 45 full + 45 sink_window KV heads), prefix caching on.
 
 One server for the whole module (a start takes minutes here): a chat completion over HTTP under the name the
-user gave, the start-up lines (vLLM's KV size, duocal's ratio to stock vLLM in the same space, checked against
-a stock engine with the same settings), a request cancelled mid-stream gives all its blocks back, and Ctrl-C
-stops the server with exit code 0."""
+user gave; duocal's runtime tokens for the reference prompts (fp32); a repeated prompt reuses no cached prefix
+and one log line says why; the start-up lines (vLLM's KV size, duocal's ratio to stock vLLM in the same space,
+checked against the session's stock engine with the same settings); a request cancelled mid-stream gives all its
+blocks back; and Ctrl-C stops the server with exit code 0 (last)."""
 
 import http.client
 import json
@@ -17,11 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENV, kv_cache_tokens, run_vllm
+from duocal_vllm.sink_window_spec import PREFIX_CACHING_OFF
+
+from conftest import ENV, MAX_NUM_BATCHED_TOKENS, kv_cache_tokens
 
 PORT = 8763
 NAME = "smollm2-135m-instruct"
-SETTINGS = ["--max-model-len", "2048", "--dtype", "float32", "--max-num-batched-tokens", "512", "--enforce-eager"]
+SETTINGS = ["--max-model-len", "2048", "--dtype", "float32", "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
+            "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details"]  # fmt: skip
 DUOCAL = Path(sys.executable).parent / "duocal"
 
 
@@ -87,7 +92,31 @@ def test_a_chat_completion_is_served_under_the_given_name(server):
     assert [m["id"] for m in json.loads(response.read())["data"]] == [NAME]
 
 
-def test_the_start_up_lines_count_the_per_head_layout_against_stock_vllm(server, model_folder):
+def complete(prompt_ids: list[int]) -> tuple[list[int], int]:
+    """Greedy tokens for a token-id prompt, and the prompt tokens read from the prefix cache."""
+    conn, response = request("POST", "/v1/completions", {
+        "model": NAME, "prompt": prompt_ids, "max_tokens": 16, "temperature": 0, "return_token_ids": True,
+    })  # fmt: skip
+    answer = json.loads(response.read())
+    conn.close()
+    assert response.status == 200, answer
+    return answer["choices"][0]["token_ids"], answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_the_shipped_profile_at_half_sparsity_gives_duocal_runtime_tokens(server, reference):
+    for case in reference["cases"]:
+        tokens, cached = complete(case["prompt_ids"])
+        assert tokens == case["duo"]
+        assert cached == 0
+
+
+def test_with_streaming_heads_a_repeated_prompt_reuses_no_cached_prefix_and_the_log_says_why(server, reference):
+    long_case = reference["cases"][2]
+    assert complete(long_case["prompt_ids"]) == (long_case["duo"], 0)
+    assert server[1].read_text().count(PREFIX_CACHING_OFF) == 1
+
+
+def test_the_start_up_lines_count_the_per_head_layout_against_stock_vllm(server, offline):
     text = server[1].read_text()
     vllm_tokens = kv_cache_tokens(text)
     concurrency = float(re.search(r"Maximum concurrency for 2,048 tokens per request: ([\d.]+)x", text).group(1))
@@ -98,9 +127,7 @@ def test_the_start_up_lines_count_the_per_head_layout_against_stock_vllm(server,
     assert found, text[-4000:]
     duo, ratio, stock = int(found[1].replace(",", "")), float(found[2]), int(found[3].replace(",", ""))
     assert duo == vllm_tokens
-    tokens, stock_log = run_vllm(model_folder, [[1, 2, 3]], max_tokens=1, max_num_batched_tokens=512)
-    assert tokens is not None, stock_log[-3000:]
-    assert stock == kv_cache_tokens(stock_log)
+    assert stock == kv_cache_tokens(offline["stock"].log)
     assert ratio == pytest.approx(duo / stock, abs=0.005) and ratio > 1.2
 
 
