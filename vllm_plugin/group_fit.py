@@ -35,7 +35,10 @@ def group_slots(full: int, streaming: int) -> tuple[int, int]:
 
 def fitted_streaming_count(full: int, streaming: int, full_blocks: int, streaming_blocks: int) -> int:
     """The streaming head count, at most `streaming`, whose request blocks (padding included) are fewest;
-    among equals the largest (closest to the plan)."""
+    among equals the largest (closest to the plan). The plan as it is when a streaming head is reserved no fewer
+    blocks than a full one (a short max_model_len, or no per-request chunk cap): then no head is worth moving."""
+    if streaming_blocks >= full_blocks:
+        return streaming
 
     def request_blocks(kept: int) -> int:
         full_slots, streaming_slots = group_slots(full + streaming - kept, kept)

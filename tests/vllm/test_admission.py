@@ -94,6 +94,9 @@ def test_vllms_groups_pad_the_larger_head_count_and_the_plugin_makes_the_fewest_
     assert fitted_streaming_count(22, 68, full_blocks=64, streaming_blocks=10) == 67  # 23 + 67: 3 groups of 23
     assert fitted_streaming_count(45, 45, full_blocks=64, streaming_blocks=10) == 45
     assert fitted_streaming_count(30, 60, full_blocks=64, streaming_blocks=10) == 60
+    # a streaming head reserved as much as a full one (max_model_len 2048, no chunk cap): the plan stays as it is
+    assert fitted_streaming_count(0, 90, full_blocks=16, streaming_blocks=17) == 90
+    assert fitted_streaming_count(45, 45, full_blocks=16, streaming_blocks=17) == 45
 
 
 def test_the_table_vllm_runs_at_075_moves_the_best_scored_streaming_head_to_full(model_folder):
