@@ -24,9 +24,10 @@ from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
-from .head_plan import DuoVllmError, HeadSpec, check_balanced, load_head_table
+from .group_fit import vllm_head_table
+from .head_plan import DuoVllmError, HeadSpec, check_balanced
 from .sink_window_backend import SinkWindowCPUBackend
-from .sink_window_spec import SinkWindowSpec
+from .sink_window_spec import SinkWindowSpec, check_lone_request_fits, request_in_flight_tokens
 
 
 def head_name(kv_head: int) -> str:
@@ -58,6 +59,7 @@ class SinkWindowAttention(Attention):
             kv_quant_mode=get_kv_quant_mode(self.kv_cache_dtype),
             sliding_window=self.sliding_window,
             sink=self.sink,
+            request_in_flight_tokens=request_in_flight_tokens(vllm_config),
         )
 
 
@@ -125,6 +127,9 @@ class DuoLlamaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         config = vllm_config.model_config.hf_config
-        table = load_head_table(config, vllm_config.cache_config.block_size, dtype=vllm_config.model_config.dtype)
+        dtype = vllm_config.model_config.dtype
+        table = vllm_head_table(config, vllm_config)
+        head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        check_lone_request_fits(table, vllm_config, head_size, dtype)
         layer = functools.partial(DuoLlamaDecoderLayer, head_table=table)
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer)

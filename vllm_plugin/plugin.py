@@ -16,8 +16,6 @@ from vllm.logger import init_logger
 from vllm.utils.math_utils import cdiv
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from .head_plan import load_head_table
-
 ARCHITECTURES = {"DuoLlamaForCausalLM": "duocal_vllm.llama:DuoLlamaForCausalLM"}
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the "vllm" logger only
 GiB = 2**30
@@ -50,7 +48,9 @@ def capacity_line(vllm_config) -> str | None:
     tokens = cache.kv_cache_size_tokens
     if not set(ARCHITECTURES) & set(getattr(config, "architectures", None) or []) or tokens is None:
         return None
-    heads = [spec for row in load_head_table(config, cache.block_size, dtype=model.dtype) for spec in row]
+    from .group_fit import vllm_head_table
+
+    heads = [spec for row in vllm_head_table(config, vllm_config) for spec in row]
     plan = f"plan: {sum(s.is_full for s in heads)} full + {sum(not s.is_full for s in heads)} sink_window KV heads"
     space = cache.kv_cache_memory_bytes
     if space is None or cache.cache_dtype != "auto":

@@ -30,6 +30,7 @@ OWN_OPTIONS = {  # vLLM options duocal sets itself: passing them after `--` is r
     "--port": "--port",
 }
 GiB = 2**30
+CHUNK_CAP_OPTION = "--long-prefill-token-threshold"
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,9 @@ def model_config(folder: Path) -> SimpleNamespace:
     return SimpleNamespace(_name_or_path=str(folder), **data)
 
 
-def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -> dict:
-    """The `--hf-overrides` that select the plugin and its plan; the plan is made once here so that a bad
-    profile or plan fails before vLLM starts."""
+def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -> tuple[dict, list]:
+    """The `--hf-overrides` that select the plugin and its plan, and the plan's head table; the plan is made
+    once here so that a bad profile or plan fails before vLLM starts."""
     from duocal_vllm.head_plan import load_head_table
 
     where = str(Path(profile).resolve()) if Path(profile).exists() else profile  # a file, or a prebuilt name
@@ -117,8 +118,30 @@ def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -
     if settings.budget is not None:
         overrides["duocal_budget"] = settings.budget
     dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "bfloat16"
-    load_head_table(SimpleNamespace(**{**vars(config), **overrides}), 128, environ={}, dtype=dtype)
-    return overrides
+    table = load_head_table(SimpleNamespace(**{**vars(config), **overrides}), 128, environ={}, dtype=dtype)
+    return overrides, table
+
+
+def chunk_cap_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
+    """`--long-prefill-token-threshold WINDOW` for a plan with streaming heads, unless given after `--`: each
+    request then has at most one window of prompt in flight, so vLLM reserves a streaming head sink + 2 windows
+    instead of a window plus a whole `max_num_batched_tokens` batch (duocal_vllm.sink_window_spec)."""
+    windows = [spec.recent for row in table for spec in row if not spec.is_full]
+    if not windows or option_value(vllm_args, CHUNK_CAP_OPTION) is not None:
+        return []
+    length = option_value(vllm_args, "--max-model-len")  # vLLM refuses a threshold above it
+    cap = min(max(windows), int(length)) if length and length.isdigit() else max(windows)
+    return [CHUNK_CAP_OPTION, str(cap)]
+
+
+def option_value(args: tuple[str, ...], name: str) -> str | None:
+    """The value of `name` in `args` (``NAME VALUE`` or ``NAME=VALUE``), else None."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def vllm_launch(settings: VllmServe) -> Launch:
@@ -135,10 +158,10 @@ def vllm_launch(settings: VllmServe) -> Launch:
     if profile is None:
         raise ValueError(f"no profile for {ref.arg}: pass --profile (a file or prebuilt name, duocal profiles list)")
     config = model_config(Path(ref.path))
-    overrides = plan_overrides(settings, config, profile)
+    overrides, table = plan_overrides(settings, config, profile)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", ref.path, "--served-model-name", settings.model,
             "--host", settings.host, "--port", str(settings.port), "--hf-overrides", json.dumps(overrides),
-            *settings.vllm_args]  # fmt: skip
+            *chunk_cap_args(table, settings.vllm_args), *settings.vllm_args]  # fmt: skip
     summary = (
         f"vLLM's OpenAI server for {settings.model} at http://{settings.host}:{settings.port}/v1, plan {overrides}"
     )

