@@ -113,7 +113,7 @@ class RulerRow:
 
 def asks_alike(plan: dr.Plan) -> bool:
     """Whether every head keeps the same tokens whenever the question comes: 16-bit full or a sink
-    window (a coded full head differs: the question in the prefill reads the context in full precision)."""
+    window (a quantized full head differs: the question in the prefill reads the context in full precision)."""
     return all(p.name in POSITION_ONLY and getattr(p, "kv_bits", 16) == 16 for row in plan.policies for p in row)
 
 

@@ -113,9 +113,9 @@ def prepare_server(settings: ServeSettings):
     """Load, plan, apply and build the app; (ServedModel, pool summary). Every check comes before the pool."""
     import duocal_runtime as dr
     from duocal.models import ModelRef
-    from duocal_runtime.paged.coded_pages import check_page_holds_groups, coded_policies, page_size_for
     from duocal_runtime.paged.paged_cache import pool_summary
     from duocal_runtime.paged.pool_size import pool_config
+    from duocal_runtime.paged.quantized_pages import check_page_holds_groups, page_size_for, quantized_policies
     from duocal_runtime.planning.plan import check_head_choice
 
     s = settings
@@ -136,7 +136,7 @@ def prepare_server(settings: ServeSettings):
     when = {"context": context if s.budget else None, "dtype": dtype, "kv_bits": s.kv_bits}
     plan = dr.plan(loaded, sparsity=s.sparsity, budget=s.budget, **when)
     page_size = s.page_size or page_size_for(plan)
-    for policy in coded_policies(plan):
+    for policy in quantized_policies(plan):
         check_page_holds_groups(policy, page_size)
     blocks = kv_blocks(s.kv_memory, s.num_blocks, plan.shape, dtype, page_size)
     if s.kv_memory is not None:

@@ -57,8 +57,8 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
         return dr.plan_from_bounded_set(shape, set(range(count)), window)
     if row == "h2o50":
         budget = (context + window.budget) // 2  # per head: the mean of full and streaming
-        coded = {} if bits == 16 else {"kv_bits": bits, "group": default_group(shape.head_dim)}
-        return dr.uniform_plan(shape, dr.H2O.halves(budget, **coded))
+        quantized = {} if bits == 16 else {"kv_bits": bits, "group": default_group(shape.head_dim)}
+        return dr.uniform_plan(shape, dr.H2O.halves(budget, **quantized))
     if row in ("dynamic", "static", *H.HF_QUANTIZED):
         return None
     raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS)}")

@@ -77,7 +77,7 @@ class HeavyHitterPolicy(HeadPolicy):
         return H2OGroup(self, kv_heads, rep) if max_length is None else StaticH2OGroup(self, kv_heads, rep)
 
 
-class CodedHeavyHitterPolicy(HeavyHitterPolicy):
+class QuantizedHeavyHitterPolicy(HeavyHitterPolicy):
     """`h2o` and `sink_h2o`: the rule, and slots stored in `kv_bits` (16, 8, 4) with codes in groups of
     `group` channels (fields each declares after its sizes, so positional sizes stay as they were)."""
 
@@ -102,7 +102,7 @@ class CodedHeavyHitterPolicy(HeavyHitterPolicy):
         return sizes if self.quantized else {k: v for k, v in sizes.items() if k not in ("kv_bits", "group")}
 
     def kv_bytes(self, seq_len: int, head_dim: int, dtype_bytes: int) -> int:
-        return Q.token_coded_bytes(self.tokens_kept(seq_len), head_dim, self.kv_bits, self.group, dtype_bytes)
+        return Q.token_quantized_bytes(self.tokens_kept(seq_len), head_dim, self.kv_bits, self.group, dtype_bytes)
 
     def check_head_dim(self, head_dim: int) -> None:
         Q.check_code_head_dim(self.name, self.kv_bits, self.group, head_dim)
@@ -110,12 +110,12 @@ class CodedHeavyHitterPolicy(HeavyHitterPolicy):
     def make_group(self, kv_heads, rep, max_length=None):
         if not self.quantized:
             return super().make_group(kv_heads, rep, max_length)
-        return (CodedH2OGroup if max_length is None else StaticCodedH2OGroup)(self, kv_heads, rep)
+        return (QuantizedH2OGroup if max_length is None else StaticQuantizedH2OGroup)(self, kv_heads, rep)
 
 
 @register_policy
 @dataclass(frozen=True)
-class H2O(CodedHeavyHitterPolicy):
+class H2O(QuantizedHeavyHitterPolicy):
     name = "h2o"
     heavy: int = 128
     recent: int = 128
@@ -134,7 +134,7 @@ class H2OGroup(HeadGroup):
     """Stores at most `budget` slots per head (one more during a decode step, before eviction)."""
 
     policy: HeavyHitterPolicy
-    coded = False  # slots hold rows of codes (CodedH2OGroup)
+    stores_codes = False  # slots hold rows of codes (QuantizedH2OGroup)
 
     def __init__(self, policy, kv_heads, rep):
         super().__init__(policy, kv_heads, rep)
@@ -166,7 +166,7 @@ class H2OGroup(HeadGroup):
         self.k = torch.cat([old_k, self._stored_form(k)], dim=2)
         self.v = torch.cat([old_v, self._stored_form(v)], dim=2)
         keys, values = self.k, self.v  # 16 bits: attention reads the storage itself
-        if self.coded:  # the stored slots decoded, the pass's own tokens as they came
+        if self.stores_codes:  # the stored slots decoded, the pass's own tokens as they came
             keys = torch.cat([self._readable(old_k, k), k], dim=2)
             values = torch.cat([self._readable(old_v, v), v], dim=2)
         self.rank = torch.cat([self.rank, step.new_ranks[:, None, :].expand(b, g, t)], dim=2)
@@ -273,12 +273,12 @@ class StaticH2OGroup(H2OGroup):
         self._pad_to_budget()
 
 
-class CodedH2OGroup(H2OGroup):
+class QuantizedH2OGroup(H2OGroup):
     """Slots as rows of codes: `self.k` / `self.v` uint8 [B, G, S, token_code_bytes] (kv_quant.encode_tokens,
     the scale and zero point packed beside each token's codes), so every slot operation above (append,
     gather on eviction, a decode step's scatter, beam reordering, static buffers) moves a row as it is."""
 
-    coded = True
+    stores_codes = True
 
     def _stored_form(self, x: torch.Tensor) -> torch.Tensor:
         return Q.encode_tokens(x, self.policy.kv_bits, self.policy.group)
@@ -297,5 +297,5 @@ class CodedH2OGroup(H2OGroup):
         return QA.weighted_values(p, values, self.policy.kv_bits, self.policy.group).to(like.dtype)
 
 
-class StaticCodedH2OGroup(CodedH2OGroup, StaticH2OGroup):
+class StaticQuantizedH2OGroup(QuantizedH2OGroup, StaticH2OGroup):
     """`budget` fixed rows of codes per head (the h2o static group's slots)."""

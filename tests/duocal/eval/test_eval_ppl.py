@@ -68,7 +68,7 @@ def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo_model)
         ("hqq8", 8),
         ("hqq4", 4),
     }
-    for bits in (8, 4):  # transformers' QuantizedCache: coded too (its bytes measured from its cache)
+    for bits in (8, 4):  # transformers' QuantizedCache: quantized too (its bytes measured from its cache)
         baseline = rows[f"hqq{bits}", bits]
         assert baseline.ppl != rows["full", 16].ppl and baseline.ppl == pytest.approx(rows["full", 16].ppl, rel=0.1)
         assert baseline.kv_bytes < 0.6 * rows["full", 16].kv_bytes and baseline.sparsity == 0
@@ -76,7 +76,7 @@ def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo_model)
     for row in ("full", "duo"):
         assert rows[row, 4].kv_bytes < rows[row, 8].kv_bytes < rows[row, 16].kv_bytes
         assert rows[row, 8].ppl == pytest.approx(rows[row, 16].ppl, rel=0.02)  # 8 bits: hardly a change
-        assert rows[row, 8].ppl != rows[row, 16].ppl  # ... but a real one: tokens beyond the residual are coded
+        assert rows[row, 8].ppl != rows[row, 16].ppl  # ... but a real one: tokens beyond the residual are quantized
     shape = dr.shape_of_config(model.config)
     want = dr.uniform_plan(shape, dr.Full(kv_bits=4, group=math.gcd(32, shape.head_dim))).kv_bytes(400, 1, model.dtype)
     assert rows["full", 4].kv_bytes == want
