@@ -164,12 +164,13 @@ def test_no_two_modules_share_a_file_name():
 
 def test_the_cli_takes_the_profiler_seed_and_the_row_names_from_their_owners():
     """They live once, in torch-free modules of their rooms (the CLI's start without torch is checked below)."""
-    from duocal.cli import options, profile
+    from duocal.cli import options
+    from duocal.cli import profiler as profiler_command
     from duocal.eval.row_kinds import ROWS
     from duocal.eval.row_names import ROW_NAMES
     from duocal.profiling import profiler, seed
 
-    assert profile.PROFILER_SEED is seed.PROFILER_SEED and profiler.ProfilerConfig().seed == seed.PROFILER_SEED
+    assert profiler_command.PROFILER_SEED is seed.PROFILER_SEED and profiler.ProfilerConfig().seed == seed.PROFILER_SEED
     assert options.ROW_NAMES is ROW_NAMES and tuple(ROWS) == ROW_NAMES
 
 

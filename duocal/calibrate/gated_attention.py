@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from duocal.calibrate.window_blocks import DEFAULT_BLOCK, blocked_window_attention
+from duocal.calibrate.key_blocks import DEFAULT_BLOCK, blocked_sink_window_attention
 from duocal_runtime import compat as hf_compat
 
 ATTENTION_NAME = "duocal_calibrate_gated"
@@ -70,7 +70,7 @@ def local_attention(gating: Gating, layer: int, scaling: float, q, k, v, kv_offs
         return out
     if layer not in gating.teacher:
         raise RuntimeError(f"duocal calibrate: no teacher output for layer {layer}; run the teacher pass first")
-    streaming = blocked_window_attention(q, k, v, gating.sink, gating.recent, scaling, gating.block)
+    streaming = blocked_sink_window_attention(q, k, v, gating.sink, gating.recent, scaling, gating.block)
     gates = gating.gates[layer, kv_offset : kv_offset + k.shape[1]]
     return mix(gates, gating.teacher[layer], streaming)
 

@@ -14,7 +14,7 @@
 
 A new row is one `register_row(RowKind(...))`: what it needs, how its plans are made, how it is
 drawn. `h2o` and `random` need no profile: any plan with the same number of bounded heads has the
-same KV bytes. Head counts follow the runtime's rule (`duocal_runtime.planning.plan.bounded_head_count`).
+same KV bytes. Head counts follow the runtime's rule (`duocal_runtime.planning.head_order.bounded_head_count`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import duocal_runtime as dr
 from duocal.eval.row_names import ROW_NAMES
-from duocal_runtime.planning.plan import bounded_head_count
+from duocal_runtime.planning.head_order import bounded_head_count
 from duocal_runtime.policies import POLICIES
 
 MIX_POLICIES = ("full", "sink_window", "h2o")

@@ -60,7 +60,7 @@ def profile_summary(
     """Everything `profiles show` prints; memory is for batch 1, `dtype`, at `context` tokens, full
     heads storing `kv_bits`. With `budget` (and `policies`, default full + the profile's policy),
     the plan is the budget's mix."""
-    from duocal_runtime.planning.plan import check_head_choice  # torch: not at the CLI's start
+    from duocal_runtime.planning.head_order import check_head_choice  # torch: not at the CLI's start
 
     check_head_choice(sparsity=sparsity, budget=budget)
     if context < 1:

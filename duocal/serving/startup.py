@@ -116,7 +116,7 @@ def prepare_server(settings: ServeSettings):
     from duocal_runtime.paged.paged_cache import pool_summary
     from duocal_runtime.paged.pool_size import pool_config
     from duocal_runtime.paged.quantized_pages import check_page_holds_groups, page_size_for, quantized_policies
-    from duocal_runtime.planning.plan import check_head_choice
+    from duocal_runtime.planning.head_order import check_head_choice
 
     s = settings
     check_head_choice(sparsity=s.sparsity, budget=s.budget)

@@ -22,45 +22,22 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ..checks import require_count, require_instance, require_number
-from ..errors import ConflictingArgumentsError, PlanError
+from ..checks import require_count, require_instance
+from ..errors import PlanError
 from ..policies import Full, HeadPolicy, policy_from_dict
 from ..profile.format import Profile
 from ..profile.shape import ModelShape
 from ..quant.codes import default_group
 from . import summary as plan_summary
 from .budget import Budget, budget_dtype_of, dtype_bytes, max_context
-from .head_order import bounded_order, tie_losses
+from .head_order import (
+    bounded_heads_for_sparsity,
+    bounded_heads_for_threshold,
+    bounded_order,
+    check_head_choice,
+    tie_losses,
+)
 from .mixed import check_mix, mix_policies, mixed_choice
-
-
-def check_head_choice(sparsity=None, threshold=None, budget=None) -> None:
-    """How a plan chooses its bounded heads, checked for `plan` and for tools that check their options
-    before they load a model: `sparsity` in [0, 1], `threshold` a finite number, at most one of the three."""
-    for name, value, lo, hi in (("sparsity", sparsity, 0, 1), ("threshold", threshold, None, None)):
-        if value is not None:
-            require_number(name, value, lo, hi)
-    given = tuple(
-        name for name, v in (("sparsity", sparsity), ("threshold", threshold), ("budget", budget)) if v is not None
-    )
-    if len(given) > 1:
-        raise ConflictingArgumentsError(f"give one of sparsity, threshold or budget, not {' and '.join(given)}", given)
-
-
-def bounded_head_count(num_heads: int, sparsity: float) -> int:
-    """KV heads made bounded at `sparsity`: round(sparsity * heads) (Python's round: halves to even)."""
-    check_head_choice(sparsity=sparsity)
-    return round(sparsity * num_heads)
-
-
-def bounded_heads_for_sparsity(flat_scores: Sequence[float], sparsity: float, losses=None) -> set[int]:
-    """Exactly `bounded_head_count` heads, lowest scores first (ties: planning/head_order.py)."""
-    return set(bounded_order(flat_scores, losses)[: bounded_head_count(len(flat_scores), sparsity)])
-
-
-def bounded_heads_for_threshold(flat_scores: Sequence[float], threshold: float) -> set[int]:
-    """Heads with score below `threshold` (upstream: score >= threshold stays full)."""
-    return {i for i, s in enumerate(flat_scores) if s < threshold}
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch
 
 from ..attention import ranks as R
 from ..attention.dense import decode_sdpa
-from ..attention.window import sink_window_attention
+from ..attention.sink_window_attention import sink_window_attention
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
 from .static_buffers import allocate_static
 

@@ -24,7 +24,7 @@ from ..attention import dense as DA
 from ..attention import ranks as R
 from ..attention.scored import attention_with_mass
 from .base import Step, register_policy
-from .h2o import H2OGroup, HeavyHitterPolicy, StaticH2OGroup
+from .heavy_hitters import H2OGroup, HeavyHitterPolicy, StaticH2OGroup
 
 POOL_KERNEL = 5  # the SnapKV reference's default average pooling of window attention along keys
 PINNED = float("inf")  # the score of a selected token: never evicted until the next selection

@@ -9,7 +9,7 @@ from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
 from duocal_runtime.policies.base import Step, policy_from_dict
-from duocal_runtime.policies.h2o import H2OGroup
+from duocal_runtime.policies.heavy_hitters import H2OGroup
 from duocal_runtime.quant import attention as QA
 from duocal_runtime.quant import codes as Q
 

@@ -14,7 +14,7 @@ from .options import split
 from .progress import eval_progress
 from .user_errors import user_errors
 
-PROFILE_EPILOG = """Examples:
+PROFILER_EPILOG = """Examples:
 
   duocal profile --output runs/demo-profiled.json          # the bundled demo model, passkey data
 
@@ -24,7 +24,7 @@ PROFILE_EPILOG = """Examples:
 """
 
 
-def profile_command(
+def profiler_command(
     model: Annotated[
         Optional[str],
         typer.Argument(help="A model folder, a .gguf file or a known name (default: the bundled demo model)."),
