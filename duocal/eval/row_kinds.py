@@ -110,14 +110,14 @@ def duo_plan(profile: dr.Profile, sparsity: float, window: dr.SinkWindow) -> dr.
 def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
     """H2O on every head, each keeping `tokens // heads` (half heavy hitters, half recent, as in
     the H2O paper), so the plan holds at most `tokens` (token, head) pairs at `context`."""
-    budget = max(2, min(context, tokens // shape.num_kv_heads_total))
-    return dr.uniform_plan(shape, dr.H2O.halves(budget))
+    capacity = max(2, min(context, tokens // shape.num_kv_heads_total))
+    return dr.uniform_plan(shape, dr.H2O.halves(capacity))
 
 
 def snapkv_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
-    """SnapKV on every head, each keeping `tokens // heads` (a window of 32, or a quarter of a small budget)."""
-    budget = max(2, min(context, tokens // shape.num_kv_heads_total))
-    return dr.uniform_plan(shape, dr.SnapKV.keeping(budget))
+    """SnapKV on every head, each keeping `tokens // heads` (a window of 32, or a quarter of a small capacity)."""
+    capacity = max(2, min(context, tokens // shape.num_kv_heads_total))
+    return dr.uniform_plan(shape, dr.SnapKV.keeping(capacity))
 
 
 def mix_plan(profile: dr.Profile, tokens: int, context: int, policies: Sequence[str] = MIX_POLICIES) -> dr.Plan:
@@ -145,7 +145,7 @@ def _random(inputs: RowInputs, sparsity):
     return random_plans(inputs.shape, sparsity, inputs.window, seeds), seeds
 
 
-def _budget(inputs: RowInputs, sparsity) -> int:
+def _capacity(inputs: RowInputs, sparsity) -> int:
     return matched_tokens(inputs.shape, sparsity, inputs.window, inputs.context)
 
 
@@ -164,12 +164,12 @@ register_row(
         style=("tab:orange", "s"),
     )
 )
-register_row(RowKind("h2o", lambda i, s: _one(h2o_plan(i.shape, _budget(i, s), i.context)), style=("tab:green", "^")))
+register_row(RowKind("h2o", lambda i, s: _one(h2o_plan(i.shape, _capacity(i, s), i.context)), style=("tab:green", "^")))
 register_row(RowKind("random", _random, style=("tab:red", "v")))
 register_row(
     RowKind(
         "snapkv",
-        lambda i, s: _one(snapkv_plan(i.shape, _budget(i, s), i.context)),
+        lambda i, s: _one(snapkv_plan(i.shape, _capacity(i, s), i.context)),
         default=False,
         style=("tab:brown", "X"),
     )
@@ -177,7 +177,7 @@ register_row(
 register_row(
     RowKind(
         "mix",
-        lambda i, s: _one(mix_plan(i.profile, _budget(i, s), i.context, i.mix_policies)),
+        lambda i, s: _one(mix_plan(i.profile, _capacity(i, s), i.context, i.mix_policies)),
         needs_profile=True,
         default=False,
         style=("tab:purple", "P"),

@@ -18,11 +18,10 @@ heads — the result is identical to upstream's.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ..checks import require_count, require_instance
+from ..checks import require_count, require_instance, warn_renamed
 from ..errors import PlanError
 from ..policies import Full, HeadPolicy, policy_from_dict
 from ..profile.format import Profile
@@ -72,7 +71,7 @@ class Plan:
     @property
     def num_streaming(self) -> int:
         """Deprecated name of `num_bounded` (it counts every non-full head, not only sink windows)."""
-        warnings.warn("Plan.num_streaming is deprecated: use Plan.num_bounded", DeprecationWarning, stacklevel=2)
+        warn_renamed("Plan.num_streaming", "Plan.num_bounded")
         return self.num_bounded
 
     @property
@@ -153,7 +152,7 @@ class Plan:
 
 def plan_from_streaming_set(*args, **kwargs) -> Plan:
     """Deprecated name of `plan_from_bounded_set` (kept for one release)."""
-    warnings.warn("plan_from_streaming_set is deprecated: use plan_from_bounded_set", DeprecationWarning, stacklevel=2)
+    warn_renamed("plan_from_streaming_set", "plan_from_bounded_set")
     return plan_from_bounded_set(*args, **kwargs)
 
 

@@ -10,7 +10,7 @@ attention mass accumulated over every query so far, summed over the query heads 
 groups of `group` channels, quant/codes.py `encode_tokens`): a slot is evicted and refilled on its
 own, so KIVI's keys per channel over groups of tokens have no place here. A decode step reads the
 stored codes as they are (quant/attention.py `token_key_scores` / `weighted_values`), a prefill pass
-decodes them (at most `budget` per head); a pass's own tokens are attended in full precision.
+decodes them (at most `capacity` per head); a pass's own tokens are attended in full precision.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import renamed_keyword
 from ..quant import attention as QA
 from ..quant import codes as Q
 from .base import register_policy
@@ -34,7 +35,7 @@ class QuantizedHeavyHitterPolicy(HeavyHitterPolicy):
         Q.check_code_sizes(self.name, self.kv_bits, {"group": self.group}, {"group": 32})
 
     @property
-    def budget(self) -> int:
+    def capacity(self) -> int:
         return self.sinks_kept + self.heavy + self.recent
 
     @property
@@ -71,11 +72,13 @@ class H2O(QuantizedHeavyHitterPolicy):
     group: int = Q.GROUP
 
     @classmethod
-    def halves(cls, budget: int, **sizes) -> H2O:
-        """H2O keeping `budget` tokens per head: half heavy hitters, half recent, as in the H2O paper
-        (an odd token goes to the heavy hitters). Every row and measurement "at duo's bytes" uses it."""
-        recent = budget // 2
-        return cls(heavy=budget - recent, recent=recent, **sizes)
+    def halves(cls, capacity: int | None = None, *, budget: int | None = None, **sizes) -> H2O:
+        """H2O keeping `capacity` tokens per head: half heavy hitters, half recent, as in the H2O paper
+        (an odd token goes to the heavy hitters). Every row and measurement "at duo's bytes" uses it.
+        (`budget=` is the deprecated name of `capacity`.)"""
+        capacity = renamed_keyword("H2O.halves", "capacity", capacity, "budget", budget)
+        recent = capacity // 2
+        return cls(heavy=capacity - recent, recent=recent, **sizes)
 
 
 class QuantizedH2OGroup(H2OGroup):
@@ -103,4 +106,4 @@ class QuantizedH2OGroup(H2OGroup):
 
 
 class StaticQuantizedH2OGroup(QuantizedH2OGroup, StaticH2OGroup):
-    """`budget` fixed rows of codes per head (the h2o static group's slots)."""
+    """`capacity` fixed rows of codes per head (the h2o static group's slots)."""

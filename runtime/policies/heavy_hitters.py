@@ -43,12 +43,12 @@ class HeavyHitterPolicy(HeadPolicy):
         return torch.where(k_rank >= 0, prio, torch.full_like(score, float("-inf")))
 
     def keep_slots(self, priority: torch.Tensor) -> torch.Tensor | None:
-        """The `budget` slots of highest priority, in slot order; None when nothing goes.
+        """The `capacity` slots of highest priority, in slot order; None when nothing goes.
 
-        [..., S] -> [..., S'] with S' = min(budget, most real tokens of any row and head): empty
+        [..., S] -> [..., S'] with S' = min(capacity, most real tokens of any row and head): empty
         slots (priority -inf) are dropped first, so padding is never kept.
         """
-        count = min(self.budget, int((priority > float("-inf")).sum(-1).max().item()))
+        count = min(self.capacity, int((priority > float("-inf")).sum(-1).max().item()))
         if count == priority.shape[-1]:
             return None
         return priority.topk(count, dim=-1).indices.sort(dim=-1).values
@@ -67,7 +67,7 @@ class HeavyHitterPolicy(HeadPolicy):
 
 
 class H2OGroup(HeadGroup):
-    """Stores at most `budget` slots per head (one more during a decode step, before eviction)."""
+    """Stores at most `capacity` slots per head (one more during a decode step, before eviction)."""
 
     policy: HeavyHitterPolicy
     stores_codes = False  # slots hold rows of codes (QuantizedH2OGroup)
@@ -78,7 +78,7 @@ class H2OGroup(HeadGroup):
 
     def attend(self, q, k, v, step: Step):
         if self.k is not None and q.shape[2] == 1 and step.all_valid:
-            if self.k.shape[2] < self.policy.budget and bool((self.rank >= 0).all(-1).any()):
+            if self.k.shape[2] < self.policy.capacity and bool((self.rank >= 0).all(-1).any()):
                 self._grow_one_slot()
             return self._decode_in_place(q, k, v, step.new_ranks[:, 0], None, step.real_after, step.scaling)
         return self._attend_chunk(q, k, v, step)
@@ -186,18 +186,18 @@ class H2OGroup(HeadGroup):
 
 
 class StaticH2OGroup(H2OGroup):
-    """`budget` fixed slots per head; empty slots have rank -1 and are filled first."""
+    """`capacity` fixed slots per head; empty slots have rank -1 and are filled first."""
 
     def attend(self, q, k, v, step: Step):
-        out = self._attend_chunk(q, k, v, step)  # compacts to <= budget slots
-        self._pad_to_budget()
+        out = self._attend_chunk(q, k, v, step)  # compacts to <= capacity slots
+        self._pad_to_capacity()
         return out
 
-    def _pad_to_budget(self) -> None:
-        budget, held = self.policy.budget, self.k.shape[2]
+    def _pad_to_capacity(self) -> None:
+        capacity, held = self.policy.capacity, self.k.shape[2]
         k, v, rank, score = self.k, self.v, self.rank, self.score
-        self.k, self.v = allocate_static(k, budget), allocate_static(v, budget)
-        self.rank, self.score = allocate_static(rank, budget, -1), allocate_static(score, budget)
+        self.k, self.v = allocate_static(k, capacity), allocate_static(v, capacity)
+        self.rank, self.score = allocate_static(rank, capacity, -1), allocate_static(score, capacity)
         for buffer, source in ((self.k, k), (self.v, v), (self.rank, rank), (self.score, score)):
             buffer[:, :, :held] = source
 
@@ -206,4 +206,4 @@ class StaticH2OGroup(H2OGroup):
 
     def fill(self, batch, context, head_dim, dtype, device):
         super().fill(batch, context, head_dim, dtype, device)
-        self._pad_to_budget()
+        self._pad_to_capacity()

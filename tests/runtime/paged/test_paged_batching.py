@@ -173,7 +173,7 @@ def test_request_bytes_are_the_plans_analytic_size_with_page_rounding(tiny_llama
     for tokens in (1, 16, 17, 300):
         full = sum(not p.bounded for row in plan.policies for p in row)
         pages = -(-tokens // 16) * 16 * full * 2 * shape.head_dim * itemsize
-        bounded = sum(p.budget for row in plan.policies for p in row if p.bounded) * 2 * shape.head_dim * itemsize
+        bounded = sum(p.capacity for row in plan.policies for p in row if p.bounded) * 2 * shape.head_dim * itemsize
         assert pages + bounded <= cache.bytes_for(tokens) <= 1.05 * (pages + bounded) + 4096  # ranks, scores, alignment
         assert cache.bytes_for(tokens) <= plan.kv_bytes(tokens, 1, tiny_llama.dtype) * 1.05 + 16 * full * 512 + 4096
 

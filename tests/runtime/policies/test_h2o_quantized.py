@@ -93,7 +93,7 @@ def test_static_quantized_h2o_gives_the_dynamic_tokens_and_the_plans_bytes(polic
     assert torch.equal(got, want)
     torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-5)
     per_slot = 2 * Q.token_code_bytes(shape.head_dim, policy.kv_bits, policy.group, 4)  # keys and values, fp32 scales
-    assert static.kv_bytes() == 2 * shape.num_kv_heads_total * policy.budget * per_slot  # batch of 2
+    assert static.kv_bytes() == 2 * shape.num_kv_heads_total * policy.capacity * per_slot  # batch of 2
     assert plan.kv_bytes(64, 2, "float32") == static.kv_bytes()
     sixteen = dr.uniform_plan(shape, dataclasses.replace(policy, kv_bits=16, group=32))
     assert plan.kv_bytes(64, 1, "bfloat16") <= sixteen.kv_bytes(64, 1, "bfloat16") * (
@@ -137,7 +137,7 @@ def test_compiled_static_decode_over_quantized_slots_gives_the_eager_tokens_with
 
 def test_sixteen_bit_heavy_hitters_are_the_policies_they_were():
     assert dr.H2O(64, 64).to_dict() == {"policy": "h2o", "heavy": 64, "recent": 64}
-    assert dr.SinkH2O(4, 60, 64).budget == 128 and dr.H2O(64, 64).budget == 128
+    assert dr.SinkH2O(4, 60, 64).capacity == 128 and dr.H2O(64, 64).capacity == 128
     assert dr.H2O(5, 7, kv_bits=4, group=8).to_dict() == {
         "policy": "h2o",
         "heavy": 5,
