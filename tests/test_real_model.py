@@ -36,7 +36,7 @@ def test_shipped_profile_fits_and_ranks_heads(smollm2):
     model, _, profile = smollm2
     profile.check_compatible(model.config)
     assert profile.shape == dr.ModelShape(30, 9, 3, 64)
-    assert profile.source["kind"] == "calibration" and profile.deploy.window == dr.SinkWindow(64, 512)
+    assert profile.source["kind"] == "calibration" and profile.deploy.sink_window == dr.SinkWindow(64, 512)
 
 
 @pytest.mark.slow

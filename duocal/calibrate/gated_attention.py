@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from duocal.calibrate.key_blocks import DEFAULT_BLOCK, blocked_sink_window_attention
-from duocal_runtime import compat as hf_compat
+from duocal_runtime import compat
 
 ATTENTION_NAME = "duocal_calibrate_gated"
 GATING_KWARG = "duocal_gating"
@@ -97,13 +97,13 @@ def attend_gated(module, query, key, value, attention_mask, scaling=None, dropou
 
 def install(model) -> str:
     """Switch `model` to the calibration attention (explicit; undo with `uninstall`). Returns the previous name."""
-    hf_compat.check_model_supported(model.config)
-    previous = hf_compat.attention_implementation(model)
-    hf_compat.register(ATTENTION_NAME, attend_gated)
-    hf_compat.set_attention_implementation(model, ATTENTION_NAME)
+    compat.check_model_supported(model.config)
+    previous = compat.attention_implementation(model)
+    compat.register(ATTENTION_NAME, attend_gated)
+    compat.set_attention_implementation(model, ATTENTION_NAME)
     return previous
 
 
 def uninstall(model, previous: str | None = "sdpa") -> None:
-    hf_compat.set_attention_implementation(model, previous or "sdpa")
-    hf_compat.unregister(ATTENTION_NAME)
+    compat.set_attention_implementation(model, previous or "sdpa")
+    compat.unregister(ATTENTION_NAME)

@@ -182,18 +182,18 @@ def passkey(
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
     else:
-        window = config.window(loaded)
+        sink_window = config.sink_window(loaded)
         render_table(
             results,
             title=f"{Path(ref.arg).name}: {config.samples} samples per context, seed {config.seed},"
-            f" sink {window.sink} + recent {window.recent}, {task_text(config)}",
+            f" sink {sink_window.sink} + recent {sink_window.recent}, {task_text(config)}",
         )
     if plot is not None and not no_plot:
         try:
-            window = config.window(loaded)
+            sink_window = config.sink_window(loaded)
             subtitle = (
-                f"{config.samples} samples per context, seed {config.seed}, bounded heads: sink {window.sink} "
-                f"+ recent {window.recent}, sparsity {', '.join(f'{s:g}' for s in config.sparsities)}"
+                f"{config.samples} samples per context, seed {config.seed}, bounded heads: sink {sink_window.sink} "
+                f"+ recent {sink_window.recent}, sparsity {', '.join(f'{s:g}' for s in config.sparsities)}"
             )
             written = plot_rows(results, plot, title=f"passkey retrieval, {ref.name}", subtitle=subtitle)
             typer.echo(f"wrote {written}", err=True)
@@ -277,9 +277,9 @@ def ppl(
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
     else:
-        window = config.window(loaded)
+        sink_window = config.sink_window(loaded)
         render_ppl_table(
             results,
-            title=f"{Path(ref.arg).name}: {source.name}, sink {window.sink} + recent "
-            f"{window.recent}, chunks of {config.chunk}",
+            title=f"{Path(ref.arg).name}: {source.name}, sink {sink_window.sink} + recent "
+            f"{sink_window.recent}, chunks of {config.chunk}",
         )

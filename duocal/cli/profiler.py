@@ -97,7 +97,9 @@ def profiler_command(
         ref = ModelRef.resolve(model)
         body = None if text is None else read_text(text, "--text")
         base = dr.load_profile(scores_from) if scores_from else None
-        default_sink, default_recent = (base.deploy.window.sink, base.deploy.window.recent) if base else ref.window
+        default_sink, default_recent = (
+            (base.deploy.sink_window.sink, base.deploy.sink_window.recent) if base else ref.sink_window
+        )
         config = ProfilerConfig(
             data=data,
             text=body,

@@ -72,7 +72,7 @@ class PerplexityConfig:
     def scored_tokens(self) -> int:
         return self.context // 2 if self.scored is None else self.scored
 
-    def window(self, profile: dr.Profile | None) -> dr.SinkWindow:
+    def sink_window(self, profile: dr.Profile | None) -> dr.SinkWindow:
         return row_window(profile, self.sink, self.recent)
 
 
@@ -210,7 +210,7 @@ def evaluate_perplexity(
     model.eval()
     shape = dr.shape_of_config(model.config)
     windows = text_windows(tokenizer, text, config.context, config.windows)
-    inputs = RowInputs(shape, config.context, config.window(profile), profile, config.random_seeds)
+    inputs = RowInputs(shape, config.context, config.sink_window(profile), profile, config.random_seeds)
     planned = build_rows(config.rows, config.sparsities, inputs, kv_bits=config.kv_bits)
     jobs = [(row.label, functools.partial(planned_row, model, row, windows, config)) for row in planned]
     jobs += [

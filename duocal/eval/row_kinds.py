@@ -31,7 +31,7 @@ from duocal_runtime.policies import POLICIES
 
 MIX_POLICIES = ("full", "sink_window", "h2o")
 KV_BITS = (16, 8, 4)  # widths full heads store (duocal_runtime.quant.codes.BITS)
-DEFAULT_WINDOW = dr.SinkWindow()
+DEFAULT_SINK_WINDOW = dr.SinkWindow()
 Progress = Callable[[int, int, str], None]  # (units done, units in all, what is running)
 
 
@@ -41,7 +41,7 @@ class RowInputs:
 
     shape: dr.ModelShape
     context: int
-    window: dr.SinkWindow  # the sink window of bounded heads
+    sink_window: dr.SinkWindow  # the sink window of bounded heads
     profile: dr.Profile | None = None
     random_seeds: int = 3
     mix_policies: tuple[str, ...] = MIX_POLICIES
@@ -142,23 +142,25 @@ def _one(plan: dr.Plan):
 
 def _random(inputs: RowInputs, sparsity):
     seeds = tuple(range(inputs.random_seeds))
-    return random_plans(inputs.shape, sparsity, inputs.window, seeds), seeds
+    return random_plans(inputs.shape, sparsity, inputs.sink_window, seeds), seeds
 
 
 def _capacity(inputs: RowInputs, sparsity) -> int:
-    return matched_tokens(inputs.shape, sparsity, inputs.window, inputs.context)
+    return matched_tokens(inputs.shape, sparsity, inputs.sink_window, inputs.context)
 
 
 register_row(
     RowKind("full", lambda i, s: _one(dr.uniform_plan(i.shape, dr.Full())), per_sparsity=False, style=("black", "*"))
 )
 register_row(
-    RowKind("duo", lambda i, s: _one(duo_plan(i.profile, s, i.window)), needs_profile=True, style=("tab:blue", "o"))
+    RowKind(
+        "duo", lambda i, s: _one(duo_plan(i.profile, s, i.sink_window)), needs_profile=True, style=("tab:blue", "o")
+    )
 )
 register_row(
     RowKind(
         "streaming",
-        lambda i, s: _one(dr.uniform_plan(i.shape, i.window)),
+        lambda i, s: _one(dr.uniform_plan(i.shape, i.sink_window)),
         per_sparsity=False,
         fixed_sparsity=1.0,
         style=("tab:orange", "s"),
@@ -256,7 +258,7 @@ def refuse_beyond_positions(contexts, model_config: Any, advice: str, generated:
 
 def row_window(profile: dr.Profile | None, sink: int | None, recent: int | None) -> dr.SinkWindow:
     """The sink window of bounded heads: given sizes, else the profile's, else 64 / 256."""
-    d = profile.deploy.window if profile is not None else DEFAULT_WINDOW
+    d = profile.deploy.sink_window if profile is not None else DEFAULT_SINK_WINDOW
     return dr.SinkWindow(sink=sink or d.sink, recent=recent or d.recent)
 
 

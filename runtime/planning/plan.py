@@ -2,7 +2,7 @@
 
 `plan(profile, sparsity=0.5)` follows upstream DuoAttention's rule (``sparsify_attention_heads``
 in duo_attn/utils.py: a global quantile over all heads; heads at or above it stay full) but is
-exact and deterministic: exactly ``round(sparsity * heads)`` heads become non-retrieval, taken
+exact and deterministic: exactly ``round(sparsity * heads)`` heads become bounded, taken
 in *bounded order* (the order heads stop being full; planning/head_order.py):
 
     ascending score; among equal scores (exact ties only), the head that loses least when
@@ -70,7 +70,7 @@ class Plan:
 
     @property
     def num_streaming(self) -> int:
-        """Deprecated name of `num_bounded` (it counts every non-full head, not only sink windows)."""
+        """Deprecated name of `num_bounded` (it counts every bounded head, not only sink windows)."""
         warn_renamed("Plan.num_streaming", "Plan.num_bounded")
         return self.num_bounded
 
@@ -215,10 +215,10 @@ def plan(
 ) -> Plan:
     """Turn a profile into a per-head plan.
 
-    Give at most one of `sparsity` (fraction of KV heads that become non-retrieval), `threshold`
-    (heads scoring below it become non-retrieval) or `budget` (bytes or tokens of KV cache at
-    `context` tokens, `batch` and `dtype`: the fewest non-retrieval heads that fit). With none,
-    the profile's deploy sparsity is used. Non-retrieval heads get `policy` (default: the
+    Give at most one of `sparsity` (fraction of KV heads that become bounded), `threshold`
+    (heads scoring below it become bounded) or `budget` (bytes or tokens of KV cache at
+    `context` tokens, `batch` and `dtype`: the fewest bounded heads that fit). With none,
+    the profile's deploy sparsity is used. Bounded heads get `policy` (default: the
     profile's) with the given sizes (defaults: the profile's deploy sizes).
 
     With `policies` (e.g. ("full", "sink_window", "h2o")) and a `budget`, every head gets the one
@@ -247,7 +247,7 @@ def plan(
         return _mixed_plan(profile, sized, Budget.parse(budget), context, batch, dtype)
     bounded_policy = d.sized(policy or d.policy, sink=sink, recent=recent, heavy=heavy)
     if not bounded_policy.bounded:
-        raise PlanError("the policy for non-retrieval heads cannot be 'full'; use sparsity=0 for an all-full plan")
+        raise PlanError("the policy for bounded heads cannot be 'full'; use sparsity=0 for an all-full plan")
     flat = profile.flat_scores()
     if threshold is not None:
         bounded = bounded_heads_for_threshold(flat, threshold)

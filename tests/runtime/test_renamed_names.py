@@ -48,3 +48,11 @@ def test_a_policy_written_with_budget_gets_it_as_its_capacity():
                 raise NotImplementedError
 
     assert OldStyle().capacity == 9 and OldStyle().tokens_kept(100) == 9 and OldStyle().tokens_kept(5) == 5
+
+
+def test_deploy_defaults_window_is_their_sink_window_and_warns():
+    deploy = dr.DeployDefaults(sizes={"sink_window": {"sink": 8, "recent": 40}})
+    with pytest.warns(
+        DeprecationWarning, match=r"DeployDefaults\.window is deprecated: use DeployDefaults\.sink_window"
+    ):
+        assert deploy.window == deploy.sink_window == dr.SinkWindow(8, 40)

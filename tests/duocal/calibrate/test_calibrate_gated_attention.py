@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from duocal.calibrate import key_blocks
 from duocal.calibrate.gated_attention import ATTENTION_NAME, Gating, install, mix, uninstall
 from duocal.calibrate.key_blocks import blocked_sink_window_attention, dense_sink_window_attention
-from duocal_runtime import compat as hf_compat
+from duocal_runtime import compat
 
 from runtime_models import tiny_model
 
@@ -96,11 +96,11 @@ def test_teacher_and_student_passes(family):
 
         zeros = torch.zeros(layers, kv)
         student = model.model(input_ids=ids, use_cache=False, duocal_gating=gating.student(zeros)).last_hidden_state
-        hf_compat.register("duocal_test_dense_streaming", _dense_streaming(sink, recent))
+        compat.register("duocal_test_dense_streaming", _dense_streaming(sink, recent))
         model.set_attn_implementation("duocal_test_dense_streaming")
         with torch.no_grad():
             streamed = model.model(input_ids=ids, use_cache=False).last_hidden_state
-        hf_compat.unregister("duocal_test_dense_streaming")
+        compat.unregister("duocal_test_dense_streaming")
         model.set_attn_implementation(ATTENTION_NAME)
         torch.testing.assert_close(student, streamed, rtol=1e-5, atol=1e-5)
 
@@ -113,7 +113,7 @@ def test_teacher_and_student_passes(family):
         assert torch.isfinite(gates.grad).all() and (gates.grad != 0).all()
     finally:
         uninstall(model, previous)
-    assert hf_compat.attention_implementation(model) == previous
+    assert compat.attention_implementation(model) == previous
 
 
 def test_missing_gating_is_a_clear_error():

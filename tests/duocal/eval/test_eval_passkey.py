@@ -92,9 +92,9 @@ def test_pad_batch_left_right_and_multiple():
 
 def test_window_defaults_to_the_profile():
     profile = random_profile().with_deploy(dr.SinkWindow(4, 12))
-    assert PasskeyEvalConfig().window(profile) == dr.SinkWindow(4, 12)
-    assert PasskeyEvalConfig(recent=20).window(profile) == dr.SinkWindow(4, 20)
-    assert PasskeyEvalConfig().window(None) == dr.SinkWindow(64, 256)
+    assert PasskeyEvalConfig().sink_window(profile) == dr.SinkWindow(4, 12)
+    assert PasskeyEvalConfig(recent=20).sink_window(profile) == dr.SinkWindow(4, 20)
+    assert PasskeyEvalConfig().sink_window(None) == dr.SinkWindow(64, 256)
 
 
 # --- running --------------------------------------------------------------------------------
