@@ -19,7 +19,7 @@ TEXT = "the quick brown fox jumps over the lazy dog while the passkey waits. " *
 def test_full_row_equals_the_plain_model_and_a_window_wider_than_the_context_changes_nothing(demo_model):
     model, tokenizer = demo_model
     config = PerplexityConfig(
-        rows=("full", "streaming"), context=300, scored=200, chunk=7, windows=2, sink=100, recent=200
+        rows=("full", "streaming"), context=300, scored=200, chunk=7, text_windows=2, sink=100, recent=200
     )
     rows = {r.row: r for r in evaluate_perplexity(model, tokenizer, TEXT, config)}
     losses = []
@@ -41,7 +41,7 @@ def test_evicting_policies_change_the_loss_and_rows_carry_their_bytes(demo_model
         sparsities=(0.5,),
         context=400,
         chunk=50,
-        windows=1,
+        text_windows=1,
         random_seeds=2,
     )
     rows = {r.row: r for r in evaluate_perplexity(model, tokenizer, TEXT, config, profile=profile)}
@@ -58,7 +58,7 @@ def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo_model)
         sparsities=(0.5,),
         context=400,
         chunk=50,
-        windows=1,
+        text_windows=1,
         kv_bits=(16, 8, 4),
         baselines=("hqq8", "hqq4"),
     )
@@ -112,7 +112,7 @@ def test_cli_json_rows_and_clear_errors(tmp_path):
             str(text),
             "--context",
             "256",
-            "--windows",
+            "--text-windows",
             "1",
             "--rows",
             "full,streaming",
