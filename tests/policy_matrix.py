@@ -33,7 +33,7 @@ def policy_matrix(
     *,
     bits: int | None = None,
     bounded: bool | None = None,
-    coded: bool | None = None,
+    quantized: bool | None = None,
     names: tuple[str, ...] = (),
     fields: tuple[str, ...] = (),
 ):
@@ -44,7 +44,7 @@ def policy_matrix(
         for p in POLICIES
         if (bits is None or kv_bits(p) == bits)
         and (bounded is None or p.bounded == bounded)
-        and (coded is None or (kv_bits(p) < 16) == coded)
+        and (quantized is None or (kv_bits(p) < 16) == quantized)
         and (not names or p.name in names)
         and all(hasattr(p, f) for f in fields)
     ]

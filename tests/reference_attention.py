@@ -92,7 +92,7 @@ class DenseReference:
     @staticmethod
     def _evict(policy, st, row, kvh, real_total):
         alive, score = st["alive"][row][kvh], st["score"][row][kvh]
-        if len(alive) <= policy.budget:
+        if len(alive) <= policy.capacity:
             return
         sink = getattr(policy, "sink", 0)
         protected = {r for r in alive if r < sink or r >= real_total - policy.recent}

@@ -164,12 +164,13 @@ def test_no_two_modules_share_a_file_name():
 
 def test_the_cli_takes_the_profiler_seed_and_the_row_names_from_their_owners():
     """They live once, in torch-free modules of their rooms (the CLI's start without torch is checked below)."""
-    from duocal.cli import options, profile
+    from duocal.cli import options
+    from duocal.cli import profiler as profiler_command
     from duocal.eval.row_kinds import ROWS
     from duocal.eval.row_names import ROW_NAMES
     from duocal.profiling import profiler, seed
 
-    assert profile.PROFILER_SEED is seed.PROFILER_SEED and profiler.ProfilerConfig().seed == seed.PROFILER_SEED
+    assert profiler_command.PROFILER_SEED is seed.PROFILER_SEED and profiler.ProfilerConfig().seed == seed.PROFILER_SEED
     assert options.ROW_NAMES is ROW_NAMES and tuple(ROWS) == ROW_NAMES
 
 
@@ -298,3 +299,53 @@ def test_test_file_names_are_unique():
             continue  # collected only by `make vllm-test`, in its own run
         assert path.name not in seen, f"{path.relative_to(REPO)} and {seen[path.name].relative_to(REPO)} share a name"
         seen[path.name] = path
+
+
+# One word per idea (docs/contributing/glossary.md): spellings the glossary retired, as identifiers
+# (split at "_" and at case changes) or as words of the source text (comments, docstrings, messages).
+RETIRED_NAMES = {
+    "hf_compat": "compat",
+    "window_blocks": "key_blocks",
+    "non_retrieval": "bounded",
+    "non_full": "bounded",
+}
+RETIRED_WORDS = re.compile(r"\b(coded|uncoded|non-retrieval|non-full)\b", re.IGNORECASE)
+
+
+def name_parts(identifier: str) -> list[str]:
+    """'StaticCodedH2OGroup' -> ['static', 'coded', 'h', '2', 'o', 'group']; 'decoded' stays one part."""
+    return [p.lower() for p in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", identifier)]
+
+
+def retired_spellings(text: str) -> list[str]:
+    identifiers = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+    found = [f"identifier {n!r}: say {RETIRED_NAMES[n.lower()]}" for n in identifiers if n.lower() in RETIRED_NAMES]
+    found += [
+        f"identifier {n!r}: say quantized (the integers are codes)" for n in identifiers if "coded" in name_parts(n)
+    ]
+    found += [f"word {m.group(0)!r}: see the glossary" for m in RETIRED_WORDS.finditer(text)]
+    return sorted(found)
+
+
+def test_no_retired_word_comes_back():
+    """Every source file of the three packages and of the tests (but this one, which names the words it
+    bans), and the C kernels. The deprecation shims keep old spellings that are not retired words
+    (`budget`, `window`, `num_streaming`, `--windows`), so they pass."""
+    tests = (p for p in (REPO / "tests").rglob("*.py") if p != Path(__file__).resolve())
+    sources = [*modules().values(), *tests, *(REPO / "runtime").rglob("*.[ch]")]
+    problems = [f"{path.relative_to(REPO)}: {p}" for path in sources for p in retired_spellings(path.read_text())]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_retired_word_check_finds_each_kind_and_spares_decoded():
+    text = "class StaticCodedH2OGroup: ...\nfrom x import compat as hf_compat  # the coded history\ndecoded = encode(x)"
+    assert retired_spellings(text) == [
+        "identifier 'StaticCodedH2OGroup': say quantized (the integers are codes)",
+        "identifier 'coded': say quantized (the integers are codes)",  # the comment's word, seen both ways
+        "identifier 'hf_compat': say compat",
+        "word 'coded': see the glossary",
+    ]
+    assert retired_spellings("token_coded_bytes; non-retrieval heads") == [
+        "identifier 'token_coded_bytes': say quantized (the integers are codes)",
+        "word 'non-retrieval': see the glossary",
+    ]

@@ -36,7 +36,7 @@ def test_shipped_profile_fits_and_ranks_heads(smollm2):
     model, _, profile = smollm2
     profile.check_compatible(model.config)
     assert profile.shape == dr.ModelShape(30, 9, 3, 64)
-    assert profile.source["kind"] == "calibration" and profile.deploy.window == dr.SinkWindow(64, 512)
+    assert profile.source["kind"] == "calibration" and profile.deploy.sink_window == dr.SinkWindow(64, 512)
 
 
 @pytest.mark.slow
@@ -65,7 +65,7 @@ def test_duo_perplexity_costs_a_few_percent_where_streaming_costs_more(smollm2):
     """Measured at 2k: full 20.03, duo 50% 20.43 (+2.0%), streaming 21.17; README: +2.6% at 4k."""
     model, tokenizer, profile = smollm2
     config = PerplexityConfig(
-        rows=("full", "duo", "streaming"), sparsities=(0.5,), context=2048, scored=1024, chunk=256, windows=1
+        rows=("full", "duo", "streaming"), sparsities=(0.5,), context=2048, scored=1024, chunk=256, text_windows=1
     )
     rows = {r.row: r for r in evaluate_perplexity(model, tokenizer, TEXT.read_text(), config, profile=profile)}
     assert rows["full"].ppl < rows["duo"].ppl <= 1.03 * rows["full"].ppl

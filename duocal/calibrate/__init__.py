@@ -1,6 +1,6 @@
 """DuoAttention calibration: gates trained on synthetic passkey data, sharded by DeepSpeed.
 
-Components (one concept per file): `gates` (the trainable gates and their clamp), `window_blocks`
+Components (one concept per file): `gates` (the trainable gates and their clamp), `key_blocks`
 (blocked sink-window attention), `gated_attention` (the registered attention function of the teacher
 and student passes), `objective` (the module DeepSpeed wraps, and its losses), `engine` (DeepSpeed
 set-up and the `Distributed` context of a process), `ulysses` (sequence parallelism), `checkpoint`,

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from duocal.calibrate.window_blocks import DEFAULT_BLOCK, blocked_window_attention
-from duocal_runtime import compat as hf_compat
+from duocal.calibrate.key_blocks import DEFAULT_BLOCK, blocked_sink_window_attention
+from duocal_runtime import compat
 
 ATTENTION_NAME = "duocal_calibrate_gated"
 GATING_KWARG = "duocal_gating"
@@ -70,7 +70,7 @@ def local_attention(gating: Gating, layer: int, scaling: float, q, k, v, kv_offs
         return out
     if layer not in gating.teacher:
         raise RuntimeError(f"duocal calibrate: no teacher output for layer {layer}; run the teacher pass first")
-    streaming = blocked_window_attention(q, k, v, gating.sink, gating.recent, scaling, gating.block)
+    streaming = blocked_sink_window_attention(q, k, v, gating.sink, gating.recent, scaling, gating.block)
     gates = gating.gates[layer, kv_offset : kv_offset + k.shape[1]]
     return mix(gates, gating.teacher[layer], streaming)
 
@@ -97,13 +97,13 @@ def attend_gated(module, query, key, value, attention_mask, scaling=None, dropou
 
 def install(model) -> str:
     """Switch `model` to the calibration attention (explicit; undo with `uninstall`). Returns the previous name."""
-    hf_compat.check_model_supported(model.config)
-    previous = hf_compat.attention_implementation(model)
-    hf_compat.register(ATTENTION_NAME, attend_gated)
-    hf_compat.set_attention_implementation(model, ATTENTION_NAME)
+    compat.check_model_supported(model.config)
+    previous = compat.attention_implementation(model)
+    compat.register(ATTENTION_NAME, attend_gated)
+    compat.set_attention_implementation(model, ATTENTION_NAME)
     return previous
 
 
 def uninstall(model, previous: str | None = "sdpa") -> None:
-    hf_compat.set_attention_implementation(model, previous or "sdpa")
-    hf_compat.unregister(ATTENTION_NAME)
+    compat.set_attention_implementation(model, previous or "sdpa")
+    compat.unregister(ATTENTION_NAME)

@@ -6,7 +6,7 @@ from . import eval_ruler, profiles_remote  # noqa: F401  their decorators add `e
 from .calibrate import CALIBRATE_EPILOG, calibrate_command
 from .eval import eval_app
 from .models import models_app
-from .profile import PROFILE_EPILOG, profile_command
+from .profiler import PROFILER_EPILOG, profiler_command
 from .profiles import profiles_app
 from .recipes import recipes_app
 from .serve import SERVE_EPILOG, serve_command
@@ -23,5 +23,5 @@ app.add_typer(eval_app, name="eval")
 app.add_typer(models_app, name="models")
 app.add_typer(recipes_app, name="recipes")
 app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate_command)
-app.command("profile", epilog=PROFILE_EPILOG)(profile_command)
+app.command("profile", epilog=PROFILER_EPILOG)(profiler_command)
 app.command("serve", epilog=SERVE_EPILOG, context_settings={"allow_extra_args": True})(serve_command)

@@ -25,6 +25,7 @@ from .options import (
     SparsityOpt,
     chosen_rows,
     json_only_stdout,
+    renamed_option,
     split,
 )
 from .user_errors import user_errors
@@ -183,18 +184,18 @@ def passkey(
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
     else:
-        window = config.window(loaded)
+        sink_window = config.sink_window(loaded)
         render_table(
             results,
             title=f"{Path(ref.arg).name}: {config.samples} samples per context, seed {config.seed},"
-            f" sink {window.sink} + recent {window.recent}, {task_text(config)}",
+            f" sink {sink_window.sink} + recent {sink_window.recent}, {task_text(config)}",
         )
     if plot is not None and not no_plot:
         try:
-            window = config.window(loaded)
+            sink_window = config.sink_window(loaded)
             subtitle = (
-                f"{config.samples} samples per context, seed {config.seed}, bounded heads: sink {window.sink} "
-                f"+ recent {window.recent}, sparsity {', '.join(f'{s:g}' for s in config.sparsities)}"
+                f"{config.samples} samples per context, seed {config.seed}, bounded heads: sink {sink_window.sink} "
+                f"+ recent {sink_window.recent}, sparsity {', '.join(f'{s:g}' for s in config.sparsities)}"
             )
             written = plot_rows(results, plot, title=f"passkey retrieval, {ref.name}", subtitle=subtitle)
             typer.echo(f"wrote {written}", err=True)
@@ -221,12 +222,17 @@ def ppl(
         Optional[Path],
         typer.Option(help="A UTF-8 text file (default: the GPL-3.0 text shipped in duocal/assets/texts)."),
     ] = None,
-    context: Annotated[int, typer.Option(help="Tokens per window.")] = 2048,
+    context: Annotated[int, typer.Option(help="Tokens per text window.")] = 2048,
     scored: Annotated[
-        Optional[int], typer.Option(help="Tokens scored at the end of each window (default: half).")
+        Optional[int], typer.Option(help="Tokens scored at the end of each text window (default: half).")
     ] = None,
     chunk: Annotated[int, typer.Option(help="Scored tokens fed per forward pass (1: token by token).")] = 64,
-    windows: Annotated[int, typer.Option(help="Most windows of CONTEXT tokens taken from the text.")] = 4,
+    text_windows: Annotated[
+        Optional[int], typer.Option(help="Most text windows of CONTEXT tokens taken from the text (default: 4).")
+    ] = None,
+    windows: Annotated[
+        Optional[int], typer.Option(hidden=True, help="Old name of --text-windows (deprecated).")
+    ] = None,
     sparsity: SparsityOpt = "0.5",
     rows: RowsOpt = None,
     policies: PoliciesOpt = None,
@@ -245,24 +251,25 @@ def ppl(
 ):
     """Perplexity of a long natural text under each row's plan, run through the per-head cache.
 
-    Each window: a prefill of the unscored part, then the scored tokens in chunks through the
+    Each text window: a prefill of the unscored part, then the scored tokens in chunks through the
     cache (evicted tokens are gone; H2O evicts as it goes).
 
     Example: duocal eval ppl --model smollm2-135m-instruct --context 4096 --sparsity 0.5,0.75
     """
-    from duocal.eval.perplexity import PerplexityConfig, check_window_fits, evaluate_perplexity
+    from duocal.eval.perplexity import PerplexityConfig, check_text_window_fits, evaluate_perplexity
     from duocal.eval.tables import render_ppl_table
     from duocal_runtime.files.regular_files import read_text
 
     with user_errors(), json_only_stdout(as_json):
         ref, loaded = model_and_profile(model, profile)
+        chosen_windows = renamed_option("text-windows", text_windows, "windows", windows)
         config = PerplexityConfig(
             rows=chosen_rows(rows, policies, loaded is not None),
             sparsities=tuple(split(sparsity, float, "sparsity")),
             context=context,
             scored=scored,
             chunk=chunk,
-            windows=windows,
+            text_windows=4 if chosen_windows is None else chosen_windows,
             sink=sink,
             recent=recent,
             random_seeds=random_seeds,
@@ -271,16 +278,16 @@ def ppl(
         )
         source = text or Path(str(resources.files("duocal") / "assets" / "texts" / DEFAULT_TEXT))
         content = read_text(source, "--text")
-        check_window_fits(config, ref.load_config(), loaded)  # before loading the weights
+        check_text_window_fits(config, ref.load_config(), loaded)  # before loading the weights
         lm, tokenizer = ref.load_model(), ref.load_tokenizer()
         with stderr_progress("ppl") as progress:
             results = evaluate_perplexity(lm, tokenizer, content, config, profile=loaded, progress=progress)
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
     else:
-        window = config.window(loaded)
+        sink_window = config.sink_window(loaded)
         render_ppl_table(
             results,
-            title=f"{Path(ref.arg).name}: {source.name}, sink {window.sink} + recent "
-            f"{window.recent}, chunks of {config.chunk}",
+            title=f"{Path(ref.arg).name}: {source.name}, sink {sink_window.sink} + recent "
+            f"{sink_window.recent}, chunks of {config.chunk}",
         )

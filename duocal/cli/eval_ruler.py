@@ -103,11 +103,11 @@ def ruler(
     else:
         from duocal.eval.tables import render_ruler_table
 
-        window = config.window(loaded)
+        sink_window = config.sink_window(loaded)
         render_ruler_table(
             results,
             title=f"RULER (lm-eval), {ref.name}: {config.samples} documents per task and context, "
-            f"sink {window.sink} + recent {window.recent}",
+            f"sink {sink_window.sink} + recent {sink_window.recent}",
         )
 
 

@@ -63,15 +63,21 @@ def split(text: str, cast, what: str) -> list:
     return items
 
 
+def renamed_option(new: str, value, old: str, old_value, what: str = ""):
+    """The value of `--new`, or of `--old`, its deprecated name (with a warning); both is an error."""
+    if value is not None and old_value is not None:
+        raise ValueError(f"give --{new} only (--{old} is its old name)")
+    if old_value is None:
+        return value
+    typer.echo(f"warning: --{old} is deprecated{what}; use --{new}", err=True)
+    return old_value
+
+
 def chosen_rows(rows: str | None, policies: str | None, has_profile: bool) -> tuple[str, ...]:
     """The rows named by --rows (or the deprecated --policies, with a warning), else the defaults."""
     from duocal.eval.row_kinds import default_rows
 
-    if rows is not None and policies is not None:
-        raise ValueError("give --rows only (--policies is its old name)")
-    if policies is not None:
-        typer.echo("warning: --policies is deprecated for evaluation rows; use --rows", err=True)
-        rows = policies
+    rows = renamed_option("rows", rows, "policies", policies, " for evaluation rows")
     return tuple(split(rows, str, "rows")) if rows is not None else default_rows(has_profile)
 
 

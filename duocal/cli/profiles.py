@@ -45,7 +45,7 @@ def default_context(profile: dr.Profile) -> tuple[int, str]:
 @profiles_app.command("show")
 def show(
     profile: ProfileArg,
-    sparsity: Annotated[Optional[float], typer.Option(help="Fraction of KV heads made non-retrieval.")] = None,
+    sparsity: Annotated[Optional[float], typer.Option(help="Fraction of KV heads made bounded.")] = None,
     context: Annotated[
         Optional[int],
         typer.Option(

@@ -24,7 +24,7 @@ from duocal.data import PasskeyGenerator, PasskeySample, SyntheticFiller, TokenK
 from duocal.data.passkey_formats import DEMO_KEYS
 from duocal.demo.tokenizer import build_tokenizer
 from duocal.eval.retrieval_heads import needle_attention, top_heads
-from duocal_runtime import compat as hf_compat
+from duocal_runtime import compat
 
 
 def load_training_recipe(path: str | Path, overrides: list[str] = ()) -> dict:
@@ -158,7 +158,7 @@ def train(recipe: dict, log=print) -> dict:
     tokenizer = build_tokenizer()
     pad = tokenizer.pad_token_id
     model = build_model(recipe["model"], tokenizer)
-    hf_compat.set_attention_implementation(model, "sdpa")
+    compat.set_attention_implementation(model, "sdpa")
     optim_cfg = recipe["optim"]
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=optim_cfg["lr"], betas=tuple(optim_cfg["betas"]), weight_decay=optim_cfg["weight_decay"]

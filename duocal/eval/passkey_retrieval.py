@@ -98,7 +98,7 @@ class PasskeyEvalConfig:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive number of tokens, got {value}")
 
-    def window(self, profile: dr.Profile | None) -> dr.SinkWindow:
+    def sink_window(self, profile: dr.Profile | None) -> dr.SinkWindow:
         return row_window(profile, self.sink, self.recent)
 
 
@@ -108,7 +108,7 @@ class PasskeyRow:
 
     row: str
     context: int
-    sparsity: float  # requested fraction of non-full KV heads (0 for full, 1 for streaming)
+    sparsity: float  # requested fraction of bounded KV heads (0 for full, 1 for streaming)
     exact_match: float  # mean over questions (and seeds, for random)
     kv_bytes: int  # analytic, at `context` tokens, batch 1, model dtype (mean over seeds for random)
     kv_bytes_measured: int  # held by the cache at the end of generation, per sequence
@@ -117,7 +117,7 @@ class PasskeyRow:
     samples: int
     bounded_heads: int
     num_heads: int
-    head_policy: dict[str, Any] | None  # the non-full policy and its sizes
+    head_policy: dict[str, Any] | None  # the bounded heads' policy and its sizes
     seconds: float
     protocol: str = "query-aware"
     kv_bits: int = 16  # how full heads stored keys and values
@@ -257,13 +257,13 @@ def evaluate_passkey(
     check_eval(config, model.config, profile)
     model.eval()
     shape = dr.shape_of_config(model.config)
-    window = config.window(profile)
+    sink_window = config.sink_window(profile)
     dtype = next(model.parameters()).dtype
     pad_id = pad_token_id(tokenizer, model.config)
     work = []
     for context in config.contexts:
         asked = make_work(tokenizer, context, config, pad_id)
-        inputs = RowInputs(shape, context, window, profile, config.random_seeds, config.mix_policies)
+        inputs = RowInputs(shape, context, sink_window, profile, config.random_seeds, config.mix_policies)
         work += [(context, r, asked) for r in build_rows(config.rows, config.sparsities, inputs, plans, config.kv_bits)]
     protocols = protocols_of(config.protocol)
     total = sum(len(v.plans) * w.questions for _, v, w in work) * len(protocols)

@@ -47,7 +47,7 @@ class PerplexityConfig:
     context: int = 2048
     scored: int | None = None
     chunk: int = 64
-    windows: int = 4
+    text_windows: int = 4
     sink: int | None = None
     recent: int | None = None
     random_seeds: int = 3
@@ -62,7 +62,7 @@ class PerplexityConfig:
         object.__setattr__(self, "kv_bits", tuple(self.kv_bits))
         check_rows(self.rows, self.sparsities)
         check_kv_bits(self.kv_bits)
-        for name in ("context", "chunk", "windows", "random_seeds"):
+        for name in ("context", "chunk", "text_windows", "random_seeds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 1 <= self.scored_tokens < self.context:
@@ -72,7 +72,7 @@ class PerplexityConfig:
     def scored_tokens(self) -> int:
         return self.context // 2 if self.scored is None else self.scored
 
-    def window(self, profile: dr.Profile | None) -> dr.SinkWindow:
+    def sink_window(self, profile: dr.Profile | None) -> dr.SinkWindow:
         return row_window(profile, self.sink, self.recent)
 
 
@@ -95,8 +95,8 @@ class PerplexityRow:
         return {**data, "policy": self.row, **self.extra}  # "policy": the row's old key, kept for one release
 
 
-def check_window_fits(config: PerplexityConfig, model_config, profile: dr.Profile | None = None) -> None:
-    """What the model's config alone can refuse, before the weights load: a window beyond its
+def check_text_window_fits(config: PerplexityConfig, model_config, profile: dr.Profile | None = None) -> None:
+    """What the model's config alone can refuse, before the weights load: a text window beyond its
     positions, a row that needs a profile without one, a profile of another model."""
     limit = model_positions(model_config)
     refuse_beyond_positions([config.context], model_config, f"use --context {limit} or less")
@@ -116,7 +116,7 @@ def text_windows(tokenizer, text: str, context: int, windows: int) -> list[torch
 
 
 @torch.no_grad()
-def window_losses(model, cache, window: torch.Tensor, scored: int, chunk: int) -> torch.Tensor:
+def text_window_losses(model, cache, window: torch.Tensor, scored: int, chunk: int) -> torch.Tensor:
     """Losses (nats) of the last `scored` tokens of one window, fed through `cache` (fresh)."""
     ids = window[None].to(model.device)
     start = ids.shape[1] - scored
@@ -137,7 +137,7 @@ def plan_ppl(
     losses = []
     with dr.apply(model, plan) as runtime:
         for window in windows:
-            losses.append(window_losses(model, runtime.new_cache(), window, config.scored_tokens, config.chunk))
+            losses.append(text_window_losses(model, runtime.new_cache(), window, config.scored_tokens, config.chunk))
             tick()
     return math.exp(float(torch.cat(losses).mean()))
 
@@ -152,7 +152,7 @@ def baseline_row(model, name: str, windows: Sequence[torch.Tensor], config: Perp
     started, losses, held = time.perf_counter(), [], 0
     for window in windows:
         cache = H.quantized_cache(name, model.config)
-        losses.append(window_losses(model, cache, window, config.scored_tokens, config.chunk))
+        losses.append(text_window_losses(model, cache, window, config.scored_tokens, config.chunk))
         held = max(held, H.cache_bytes(cache))
         tick()
     full_bytes = plain_bytes(dr.shape_of_config(model.config), config.context, next(model.parameters()).dtype)
@@ -209,8 +209,8 @@ def evaluate_perplexity(
     require_profile(config.rows, profile, model.config)
     model.eval()
     shape = dr.shape_of_config(model.config)
-    windows = text_windows(tokenizer, text, config.context, config.windows)
-    inputs = RowInputs(shape, config.context, config.window(profile), profile, config.random_seeds)
+    windows = text_windows(tokenizer, text, config.context, config.text_windows)
+    inputs = RowInputs(shape, config.context, config.sink_window(profile), profile, config.random_seeds)
     planned = build_rows(config.rows, config.sparsities, inputs, kv_bits=config.kv_bits)
     jobs = [(row.label, functools.partial(planned_row, model, row, windows, config)) for row in planned]
     jobs += [

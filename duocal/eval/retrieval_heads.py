@@ -16,7 +16,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal.data import PasskeySample
-from duocal_runtime import compat as hf_compat
+from duocal_runtime import compat
 
 
 @torch.no_grad()
@@ -35,8 +35,8 @@ def needle_attention(model, samples: Sequence[PasskeySample]) -> torch.Tensor:
     shape = dr.shape_of_config(model.config)
     group = shape.num_attention_heads // shape.num_key_value_heads
     device = next(model.parameters()).device
-    previous = hf_compat.attention_implementation(model)
-    hf_compat.set_attention_implementation(model, "eager")
+    previous = compat.attention_implementation(model)
+    compat.set_attention_implementation(model, "eager")
     try:
         total = torch.zeros(shape.num_hidden_layers, shape.num_key_value_heads, dtype=torch.float64)
         answers = 0
@@ -49,7 +49,7 @@ def needle_attention(model, samples: Sequence[PasskeySample]) -> torch.Tensor:
                     total[layer] += needle_mass(probs[0], rows, needle.start, needle.end, group).double().cpu()
                 answers += 1
     finally:
-        hf_compat.set_attention_implementation(model, previous)
+        compat.set_attention_implementation(model, previous)
     return (total / answers).float()
 
 

@@ -14,7 +14,7 @@
 
 A new row is one `register_row(RowKind(...))`: what it needs, how its plans are made, how it is
 drawn. `h2o` and `random` need no profile: any plan with the same number of bounded heads has the
-same KV bytes. Head counts follow the runtime's rule (`duocal_runtime.planning.plan.bounded_head_count`).
+same KV bytes. Head counts follow the runtime's rule (`duocal_runtime.planning.head_order.bounded_head_count`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from typing import Any
 
 import duocal_runtime as dr
 from duocal.eval.row_names import ROW_NAMES
-from duocal_runtime.planning.plan import bounded_head_count
+from duocal_runtime.planning.head_order import bounded_head_count
 from duocal_runtime.policies import POLICIES
 
 MIX_POLICIES = ("full", "sink_window", "h2o")
 KV_BITS = (16, 8, 4)  # widths full heads store (duocal_runtime.quant.codes.BITS)
-DEFAULT_WINDOW = dr.SinkWindow()
+DEFAULT_SINK_WINDOW = dr.SinkWindow()
 Progress = Callable[[int, int, str], None]  # (units done, units in all, what is running)
 
 
@@ -41,7 +41,7 @@ class RowInputs:
 
     shape: dr.ModelShape
     context: int
-    window: dr.SinkWindow  # the sink window of bounded heads
+    sink_window: dr.SinkWindow  # the sink window of bounded heads
     profile: dr.Profile | None = None
     random_seeds: int = 3
     mix_policies: tuple[str, ...] = MIX_POLICIES
@@ -110,14 +110,14 @@ def duo_plan(profile: dr.Profile, sparsity: float, window: dr.SinkWindow) -> dr.
 def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
     """H2O on every head, each keeping `tokens // heads` (half heavy hitters, half recent, as in
     the H2O paper), so the plan holds at most `tokens` (token, head) pairs at `context`."""
-    budget = max(2, min(context, tokens // shape.num_kv_heads_total))
-    return dr.uniform_plan(shape, dr.H2O.halves(budget))
+    capacity = max(2, min(context, tokens // shape.num_kv_heads_total))
+    return dr.uniform_plan(shape, dr.H2O.halves(capacity))
 
 
 def snapkv_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
-    """SnapKV on every head, each keeping `tokens // heads` (a window of 32, or a quarter of a small budget)."""
-    budget = max(2, min(context, tokens // shape.num_kv_heads_total))
-    return dr.uniform_plan(shape, dr.SnapKV.keeping(budget))
+    """SnapKV on every head, each keeping `tokens // heads` (a window of 32, or a quarter of a small capacity)."""
+    capacity = max(2, min(context, tokens // shape.num_kv_heads_total))
+    return dr.uniform_plan(shape, dr.SnapKV.keeping(capacity))
 
 
 def mix_plan(profile: dr.Profile, tokens: int, context: int, policies: Sequence[str] = MIX_POLICIES) -> dr.Plan:
@@ -142,34 +142,36 @@ def _one(plan: dr.Plan):
 
 def _random(inputs: RowInputs, sparsity):
     seeds = tuple(range(inputs.random_seeds))
-    return random_plans(inputs.shape, sparsity, inputs.window, seeds), seeds
+    return random_plans(inputs.shape, sparsity, inputs.sink_window, seeds), seeds
 
 
-def _budget(inputs: RowInputs, sparsity) -> int:
-    return matched_tokens(inputs.shape, sparsity, inputs.window, inputs.context)
+def _capacity(inputs: RowInputs, sparsity) -> int:
+    return matched_tokens(inputs.shape, sparsity, inputs.sink_window, inputs.context)
 
 
 register_row(
     RowKind("full", lambda i, s: _one(dr.uniform_plan(i.shape, dr.Full())), per_sparsity=False, style=("black", "*"))
 )
 register_row(
-    RowKind("duo", lambda i, s: _one(duo_plan(i.profile, s, i.window)), needs_profile=True, style=("tab:blue", "o"))
+    RowKind(
+        "duo", lambda i, s: _one(duo_plan(i.profile, s, i.sink_window)), needs_profile=True, style=("tab:blue", "o")
+    )
 )
 register_row(
     RowKind(
         "streaming",
-        lambda i, s: _one(dr.uniform_plan(i.shape, i.window)),
+        lambda i, s: _one(dr.uniform_plan(i.shape, i.sink_window)),
         per_sparsity=False,
         fixed_sparsity=1.0,
         style=("tab:orange", "s"),
     )
 )
-register_row(RowKind("h2o", lambda i, s: _one(h2o_plan(i.shape, _budget(i, s), i.context)), style=("tab:green", "^")))
+register_row(RowKind("h2o", lambda i, s: _one(h2o_plan(i.shape, _capacity(i, s), i.context)), style=("tab:green", "^")))
 register_row(RowKind("random", _random, style=("tab:red", "v")))
 register_row(
     RowKind(
         "snapkv",
-        lambda i, s: _one(snapkv_plan(i.shape, _budget(i, s), i.context)),
+        lambda i, s: _one(snapkv_plan(i.shape, _capacity(i, s), i.context)),
         default=False,
         style=("tab:brown", "X"),
     )
@@ -177,7 +179,7 @@ register_row(
 register_row(
     RowKind(
         "mix",
-        lambda i, s: _one(mix_plan(i.profile, _budget(i, s), i.context, i.mix_policies)),
+        lambda i, s: _one(mix_plan(i.profile, _capacity(i, s), i.context, i.mix_policies)),
         needs_profile=True,
         default=False,
         style=("tab:purple", "P"),
@@ -256,7 +258,7 @@ def refuse_beyond_positions(contexts, model_config: Any, advice: str, generated:
 
 def row_window(profile: dr.Profile | None, sink: int | None, recent: int | None) -> dr.SinkWindow:
     """The sink window of bounded heads: given sizes, else the profile's, else 64 / 256."""
-    d = profile.deploy.window if profile is not None else DEFAULT_WINDOW
+    d = profile.deploy.sink_window if profile is not None else DEFAULT_SINK_WINDOW
     return dr.SinkWindow(sink=sink or d.sink, recent=recent or d.recent)
 
 

@@ -82,7 +82,7 @@ class RulerConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
-    def window(self, profile: dr.Profile | None) -> dr.SinkWindow:
+    def sink_window(self, profile: dr.Profile | None) -> dr.SinkWindow:
         return row_window(profile, self.sink, self.recent)
 
     @property
@@ -113,7 +113,7 @@ class RulerRow:
 
 def asks_alike(plan: dr.Plan) -> bool:
     """Whether every head keeps the same tokens whenever the question comes: 16-bit full or a sink
-    window (a coded full head differs: the question in the prefill reads the context in full precision)."""
+    window (a quantized full head differs: the question in the prefill reads the context in full precision)."""
     return all(p.name in POSITION_ONLY and getattr(p, "kv_bits", 16) == 16 for row in plan.policies for p in row)
 
 
@@ -162,12 +162,12 @@ def haystack_of(config: RulerConfig) -> Path:
 def run_rows(model, tokenizer, tasks, config: RulerConfig, profile, progress) -> list[RulerRow]:
     shape = dr.shape_of_config(model.config)
     protocols = protocols_of(config.protocol, SINGLE_QUESTION)
-    window = config.window(profile)
+    sink_window = config.sink_window(profile)
     planned = {
         c: build_rows(
             config.rows,
             config.sparsities,
-            RowInputs(shape, c, window, profile, config.random_seeds, config.mix_policies),
+            RowInputs(shape, c, sink_window, profile, config.random_seeds, config.mix_policies),
         )
         for c in config.contexts
     }

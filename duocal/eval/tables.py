@@ -40,7 +40,7 @@ def exact_match_text(row: PasskeyRow) -> str:
 
 
 def heads_text(row: PasskeyRow) -> str:
-    """'12/16 sink_window 64+256': non-full heads of all, their policy and sizes."""
+    """'12/16 sink_window 64+256': bounded heads of all, their policy and sizes."""
     sizes = dict(row.head_policy or {"policy": "full"})
     name = sizes.pop("policy")
     return f"{row.bounded_heads}/{row.num_heads} {name} {'+'.join(map(str, sizes.values()))}".rstrip()
@@ -79,11 +79,11 @@ def sampled_row_label(row: PasskeyRow) -> str:
 
 
 # the wrapping columns: row names fold past 10 characters, '16/16 sink_window' stays on one line
-WIDTHS = {"row": {"max_width": 10}, "non-full heads": {"min_width": 17}}
+WIDTHS = {"row": {"max_width": 10}, "bounded heads": {"min_width": 17}}
 
 PASSKEY_COLUMNS = (
     "exact match: share of answers that are the key; KV bytes: one sequence's cache at the context "
-    "(held: what the cache held at the end); of full: KV bytes / full attention's; non-full heads: "
+    "(held: what the cache held at the end); of full: KV bytes / full attention's; bounded heads: "
     "KV heads on a bounded policy, of all (their share is the sparsity)"
 )
 CLEAN_COLUMN = "clean: share of answers that repeat no 3-word phrase before their first number (not garbled)"
@@ -97,7 +97,7 @@ def full_first(rows: Sequence[PasskeyRow]) -> list[PasskeyRow]:
 
 def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, title: str | None = None) -> None:
     """Row x context x sparsity -> exact match (and clean, for chat prompts), KV bytes (analytic at the
-    context, and held at the end of generation), share of full attention's, the non-full heads; full
+    context, and held at the end of generation), share of full attention's, the bounded heads; full
     attention first, a caption saying what the columns mean. Fits 80 columns: row names and head
     policies wrap; samples per context belong in the title."""
     console = console or table_console()
@@ -112,9 +112,9 @@ def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, tit
         ("KV bytes", "right"),
         ("held", "right"),
         ("of\nfull", "right"),
-        ("non-full heads", "left"),
+        ("bounded heads", "left"),
     ):
-        table.add_column(name, justify=justify, no_wrap=name not in ("row", "non-full heads"), **WIDTHS.get(name, {}))
+        table.add_column(name, justify=justify, no_wrap=name not in ("row", "bounded heads"), **WIDTHS.get(name, {}))
     for row in full_first(rows):
         table.add_row(
             sampled_row_label(row),

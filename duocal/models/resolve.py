@@ -25,7 +25,7 @@ from .known import KNOWN_MODELS
 DEMO_NAME = "duocal/demo-model"  # what profiles record for the bundled demo model (never a machine's path)
 DEMO_PROFILE = "demo-model.json"  # its shipped profile, in profiles/ (package duocal_runtime.prebuilt)
 DEMO_WINDOW = (16, 64)  # (sink, recent) it retrieves with; trained on 1280 tokens at most
-UPSTREAM_WINDOW = (64, 256)  # upstream DuoAttention's deployment window (sink, recent)
+UPSTREAM_SINK_WINDOW = (64, 256)  # upstream DuoAttention's deployment window (sink, recent)
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ModelRef:
 
     `path` is a folder transformers loads (or a Hub id); `name` is what a profile records;
     `default_profile` the file of the profile the project ships for it (None if none);
-    `window` the (sink, recent) it is measured with when nothing else says; `passkey_format` the
+    `sink_window` the (sink, recent) it is measured with when nothing else says; `passkey_format` the
     format of its passkey samples (the demo model's own symbols, else digits).
     """
 
@@ -43,7 +43,7 @@ class ModelRef:
     name: str
     is_demo: bool
     default_profile: str | None
-    window: tuple[int, int]
+    sink_window: tuple[int, int]
     passkey_format: str
 
     @classmethod
@@ -59,7 +59,7 @@ class ModelRef:
             return cls(text, path, DEMO_NAME, True, _shipped(DEMO_PROFILE), DEMO_WINDOW, DEMO_PASSKEY_FORMAT)
         known = KNOWN_MODELS.get(text)
         profile = _shipped(known.profile) if known is not None and known.profile else None
-        return cls(text, path, text, False, profile, _deploy_window(profile), "digits")
+        return cls(text, path, text, False, profile, _deploy_sink_window(profile), "digits")
 
     def load_config(self):
         from transformers import AutoConfig
@@ -116,13 +116,13 @@ def _shipped(name: str) -> str | None:
     return str(shipped) if shipped.is_file() else None
 
 
-def _deploy_window(profile_file: str | None) -> tuple[int, int]:
+def _deploy_sink_window(profile_file: str | None) -> tuple[int, int]:
     """The sink window a shipped profile deploys (read from its JSON, no runtime import)."""
     if profile_file is None:
-        return UPSTREAM_WINDOW
+        return UPSTREAM_SINK_WINDOW
     deploy = json.loads(Path(profile_file).read_text(encoding="utf-8")).get("deploy", {})
     window = deploy.get("sizes", {}).get("sink_window", deploy)
-    return window.get("sink", UPSTREAM_WINDOW[0]), window.get("recent", UPSTREAM_WINDOW[1])
+    return window.get("sink", UPSTREAM_SINK_WINDOW[0]), window.get("recent", UPSTREAM_SINK_WINDOW[1])
 
 
 def is_local_path(arg: str) -> bool:

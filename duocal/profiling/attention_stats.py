@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import duocal_runtime as dr
 from duocal.profiling.quantization_error import output_error
-from duocal_runtime import compat as hf_compat
+from duocal_runtime import compat
 
 NAME = "duocal_profiler"
 BLOCK_ELEMENTS = 1 << 22  # query rows x keys per block of probabilities (16 MiB in fp32)
@@ -79,11 +79,11 @@ class AttentionStats:
 def recording(model, rows: Sequence[int], quantized: Sequence[dr.Full] = (), scored: int | None = None):
     """Inside the block, `model`'s forward passes record `AttentionStats` (yielded)."""
     stats = AttentionStats(rows, quantized, scored)
-    previous = hf_compat.attention_implementation(model)
-    hf_compat.register(NAME, stats.attention)
-    hf_compat.set_attention_implementation(model, NAME)
+    previous = compat.attention_implementation(model)
+    compat.register(NAME, stats.attention)
+    compat.set_attention_implementation(model, NAME)
     try:
         yield stats
     finally:
-        hf_compat.set_attention_implementation(model, previous)
-        hf_compat.unregister(NAME)
+        compat.set_attention_implementation(model, previous)
+        compat.unregister(NAME)

@@ -5,7 +5,7 @@ Data: passkey samples (one question each; the rows are the positions that predic
 the retrieval score looks at the queried needle), or windows of a text file (the rows are the last
 `text_rows` positions of each window; no retrieval score). The profile's scores are the retrieval
 score (passkey data) or 1 − the sink window's kept share (text); its measurements are
-`retrieval`, `kept:<policy>` for sink_window, h2o, sink_h2o and snapkv at the same budget per
+`retrieval`, `kept:<policy>` for sink_window, h2o, sink_h2o and snapkv at the same capacity per
 head, and `error:full-kv8` / `error:full-kv4` (what KIVI codes change in a full head's output,
 quantization_error.py), which let the mixed planner choose a width per head. snapkv is
 query-aware, so its kept share depends on when the question comes (`protocol`, recorded in its
@@ -63,17 +63,17 @@ class ProfilerConfig:
             raise ValueError(f"kv_bits must be distinct widths among 8 and 4 (16 has no error), got {self.kv_bits}")
 
     def policies(self) -> list[dr.HeadPolicy]:
-        """The policies whose kept share is measured: the sink window, H2O with the same budget per
+        """The policies whose kept share is measured: the sink window, H2O with the same capacity per
         head (half heavy hitters, half recent, as in the H2O paper), and those H2O sizes plus the sinks
-        and SnapKV with its window of 32 (a quarter of a smaller budget): the sizes `dr.plan` gives
+        and SnapKV with its window of 32 (a quarter of a smaller capacity): the sizes `dr.plan` gives
         these policies from the profile's deploy defaults)."""
-        budget = self.sink + self.recent
-        h2o = dr.H2O.halves(budget)
+        capacity = self.sink + self.recent
+        h2o = dr.H2O.halves(capacity)
         return [
             dr.SinkWindow(self.sink, self.recent),
             h2o,
             dr.SinkH2O(self.sink, h2o.heavy, h2o.recent),
-            dr.SnapKV.keeping(budget),
+            dr.SnapKV.keeping(capacity),
         ]
 
     def quantized(self, head_dim: int) -> list[dr.Full]:

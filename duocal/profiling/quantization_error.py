@@ -3,7 +3,7 @@
 For a scored query at position r, a decode step over a `full(kv_bits=b)` head reads the first
 `quantized_tokens(r + 1)` keys and values as codes (runtime/quant/codes.py) and the rest in full
 precision. The error is ||o' − o|| / ||o||, the mean over the KV head's query heads and the scored
-rows, clipped to 1: o the exact attention output, o' the output over the coded cache. An eviction
+rows, clipped to 1: o the exact attention output, o' the output over the quantized cache. An eviction
 policy that keeps a share k of a row's mass moves the output by (1 − k) ||o_kept − o_dropped||, so
 its relative error is 1 − k (the planner's loss for eviction) times a ratio of order one: the
 mixed planner compares the two as losses of one kind.
@@ -17,11 +17,11 @@ import duocal_runtime as dr
 from duocal_runtime.quant import codes as Q
 
 
-def coded_prefix(x: torch.Tensor, coded: int, policy: dr.Full, keys: bool) -> torch.Tensor:
-    """x [G, T, D] with its first `coded` tokens replaced by their dequantized codes."""
-    if coded == 0:
+def quantized_prefix(x: torch.Tensor, quantized: int, policy: dr.Full, keys: bool) -> torch.Tensor:
+    """x [G, T, D] with its first `quantized` tokens replaced by their dequantized codes."""
+    if quantized == 0:
         return x
-    part = x[None, :, :coded].float()
+    part = x[None, :, :quantized].float()
     if keys:
         back = Q.dequantize_keys(
             Q.quantize_keys(part, policy.kv_bits, policy.group), policy.kv_bits, policy.group, x.dtype
@@ -29,7 +29,7 @@ def coded_prefix(x: torch.Tensor, coded: int, policy: dr.Full, keys: bool) -> to
     else:
         values = Q.quantize_values(part, policy.kv_bits, policy.group)
         back = Q.dequantize_values(values, policy.kv_bits, policy.group, x.dtype)
-    return torch.cat((back[0], x[:, coded:]), dim=1)
+    return torch.cat((back[0], x[:, quantized:]), dim=1)
 
 
 def head_outputs(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
@@ -45,12 +45,15 @@ def output_error(queries, k, v, rows: list[int], scale: float, policy: dr.Full) 
     errors, caches = [], {}
     for a, row in enumerate(rows):
         n = row + 1
-        coded = Q.quantized_tokens(n, policy.group, policy.residual)
-        if coded not in caches:
-            caches[coded] = (coded_prefix(k, coded, policy, True), coded_prefix(v, coded, policy, False))
-        coded_k, coded_v = caches[coded]
+        quantized = Q.quantized_tokens(n, policy.group, policy.residual)
+        if quantized not in caches:
+            caches[quantized] = (
+                quantized_prefix(k, quantized, policy, True),
+                quantized_prefix(v, quantized, policy, False),
+            )
+        quantized_k, quantized_v = caches[quantized]
         exact = head_outputs(queries[:, a], k[:, :n], v[:, :n], scale)
-        approximate = head_outputs(queries[:, a], coded_k[:, :n], coded_v[:, :n], scale)
+        approximate = head_outputs(queries[:, a], quantized_k[:, :n], quantized_v[:, :n], scale)
         relative = (approximate - exact).norm(dim=-1) / exact.norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
         errors.append(relative.clamp(max=1.0).view(groups, -1).mean(-1))
     return torch.stack(errors).mean(0) if errors else k.new_zeros(groups, dtype=torch.float32)

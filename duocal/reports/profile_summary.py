@@ -23,9 +23,9 @@ def score_histogram(scores: list[float], bins: int = HISTOGRAM_BINS) -> list[int
     return counts
 
 
-def _streaming_policy(plan: dr.Plan) -> dict[str, Any] | None:
-    streaming = (p for row in plan.policies for p in row if p.bounded)
-    policy = next(streaming, None)
+def _bounded_policy(plan: dr.Plan) -> dict[str, Any] | None:
+    bounded = (p for row in plan.policies for p in row if p.bounded)
+    policy = next(bounded, None)
     return policy.to_dict() if policy is not None else None
 
 
@@ -60,7 +60,7 @@ def profile_summary(
     """Everything `profiles show` prints; memory is for batch 1, `dtype`, at `context` tokens, full
     heads storing `kv_bits`. With `budget` (and `policies`, default full + the profile's policy),
     the plan is the budget's mix."""
-    from duocal_runtime.planning.plan import check_head_choice  # torch: not at the CLI's start
+    from duocal_runtime.planning.head_order import check_head_choice  # torch: not at the CLI's start
 
     check_head_choice(sparsity=sparsity, budget=budget)
     if context < 1:
@@ -91,7 +91,7 @@ def profile_summary(
         "fingerprint": profile.shape.fingerprint,
         "source": profile.source.get("kind"),
         "sparsity": plan.sparsity,
-        "policy": _streaming_policy(plan),
+        "policy": _bounded_policy(plan),
         "retrieval_heads_per_layer": plan.retrieval_heads_per_layer,
         "score_histogram": score_histogram(profile.flat_scores()),
         "context": context,
@@ -134,7 +134,7 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
         f"sparsity {s['sparsity']:.3f} -> retrieval heads per layer: "
         f"{' '.join(map(str, s['retrieval_heads_per_layer']))}"
     )
-    console.print(f"non-retrieval policy: {policy_text(s['policy'])}")
+    console.print(f"bounded heads' policy: {policy_text(s['policy'])}")
     console.print("KV heads per policy: " + ", ".join(f"{name} {n}" for name, n in s["policy_counts"].items()))
     if s["measurements"]:
         console.print(f"measurements: {', '.join(s['measurements'])}")

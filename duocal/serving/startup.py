@@ -53,10 +53,10 @@ def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_
         return num_blocks
     if kv_memory is None:
         return None
-    budget = Budget.parse(kv_memory)
-    if budget.unit != "bytes":
+    pool_size = Budget.parse(kv_memory)
+    if pool_size.unit != "bytes":
         raise ValueError(f"--kv-memory takes bytes ('2GiB', '500MB'), got {kv_memory!r}")
-    return pool_blocks(budget.amount, shape, dtype, page_size)
+    return pool_blocks(pool_size.amount, shape, dtype, page_size)
 
 
 def check_kv_memory_holds_a_request(kv_memory: str, blocks: int, plan, dtype, page_size: int, context: int) -> None:
@@ -84,10 +84,10 @@ def request_bytes(size: str | int | None) -> int:
         return DEFAULT_MAX_REQUEST_BYTES
     if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
         return size
-    budget = Budget.parse(str(size))
-    if budget.unit != "bytes" or budget.amount < 1:
+    request_size_limit = Budget.parse(str(size))
+    if request_size_limit.unit != "bytes" or request_size_limit.amount < 1:
         raise ValueError(f"--max-request-size takes a positive size in bytes ('4MiB', '500kB'), got {size!r}")
-    return int(budget.amount)
+    return int(request_size_limit.amount)
 
 
 @dataclass(frozen=True)
@@ -113,10 +113,10 @@ def prepare_server(settings: ServeSettings):
     """Load, plan, apply and build the app; (ServedModel, pool summary). Every check comes before the pool."""
     import duocal_runtime as dr
     from duocal.models import ModelRef
-    from duocal_runtime.paged.coded_pages import check_page_holds_groups, coded_policies, page_size_for
     from duocal_runtime.paged.paged_cache import pool_summary
     from duocal_runtime.paged.pool_size import pool_config
-    from duocal_runtime.planning.plan import check_head_choice
+    from duocal_runtime.paged.quantized_pages import check_page_holds_groups, page_size_for, quantized_policies
+    from duocal_runtime.planning.head_order import check_head_choice
 
     s = settings
     check_head_choice(sparsity=s.sparsity, budget=s.budget)
@@ -136,7 +136,7 @@ def prepare_server(settings: ServeSettings):
     when = {"context": context if s.budget else None, "dtype": dtype, "kv_bits": s.kv_bits}
     plan = dr.plan(loaded, sparsity=s.sparsity, budget=s.budget, **when)
     page_size = s.page_size or page_size_for(plan)
-    for policy in coded_policies(plan):
+    for policy in quantized_policies(plan):
         check_page_holds_groups(policy, page_size)
     blocks = kv_blocks(s.kv_memory, s.num_blocks, plan.shape, dtype, page_size)
     if s.kv_memory is not None:

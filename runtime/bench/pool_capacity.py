@@ -20,9 +20,9 @@ from transformers import LlamaConfig
 
 import duocal_runtime as dr
 
-from ..paged.coded_pages import page_size_for
 from ..paged.paged_cache import DuoPagedCache, pool_summary
 from ..paged.pool_size import pool_blocks, pool_config
+from ..paged.quantized_pages import page_size_for
 from ..planning.budget import Budget
 from .serving import PAGE
 from .shapes import SHAPES
@@ -36,7 +36,7 @@ def synthetic_profile(shape: dr.ModelShape) -> dr.Profile:
 
 def held(config, plan: dr.Plan, kv_bytes: int, context: int, dtype: torch.dtype) -> dict:
     rep = plan.shape.num_attention_heads // plan.shape.num_key_value_heads
-    page = page_size_for(plan, PAGE)  # coded full heads: pages of whole code groups
+    page = page_size_for(plan, PAGE)  # quantized full heads: pages of whole code groups
     cb = pool_config(page, pool_blocks(kv_bytes, plan.shape, dtype, page))
     cache = DuoPagedCache(plan, config, cb, torch.device("meta"), dtype, rep)
     return pool_summary(cache, context, page)

@@ -56,9 +56,9 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
         count = shape.num_kv_heads_total * int(row.removeprefix("stream")) // 100
         return dr.plan_from_bounded_set(shape, set(range(count)), window)
     if row == "h2o50":
-        budget = (context + window.budget) // 2  # per head: the mean of full and streaming
-        coded = {} if bits == 16 else {"kv_bits": bits, "group": default_group(shape.head_dim)}
-        return dr.uniform_plan(shape, dr.H2O.halves(budget, **coded))
+        capacity = (context + window.capacity) // 2  # per head: the mean of full and streaming
+        quantized = {} if bits == 16 else {"kv_bits": bits, "group": default_group(shape.head_dim)}
+        return dr.uniform_plan(shape, dr.H2O.halves(capacity, **quantized))
     if row in ("dynamic", "static", *H.HF_QUANTIZED):
         return None
     raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS)}")

@@ -31,8 +31,8 @@ import duocal_runtime as dr
 from ..attention.block_sparse import padded_length
 from ..files.atomic import check_output, write_atomic
 from ..hf.apply import apply
-from ..paged.coded_pages import page_size_for
 from ..paged.pool_size import plain_request_bytes, pool_blocks, pool_config
+from ..paged.quantized_pages import page_size_for
 from ..planning.budget import Budget
 
 SERVING_ROWS = ("plain", "full", "duo50", "duo75", "h2o50")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from .. import compat as hf_compat
+from .. import compat
 from ..checks import require_count, require_instance
 from ..errors import PlanError
 from ..planning.budget import dtype_bytes
@@ -97,7 +97,7 @@ class Runtime:
         )
 
     def _attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        layer = kwargs.get(hf_compat.LAYER_KWARG)
+        layer = kwargs.get(compat.LAYER_KWARG)
         if layer is None:
             if kwargs.get("use_cache") or key.shape[2] != query.shape[2]:
                 # transformers made or was given another cache (e.g. generate() without cache=...)
@@ -120,11 +120,11 @@ class Runtime:
             previous._undo()
             if previous._entered:
                 previous.suspended, self._outer = True, previous
-        self._previous = hf_compat.attention_implementation(self.model)
-        hf_compat.register(self.name, _weak_attention(self))
+        self._previous = compat.attention_implementation(self.model)
+        compat.register(self.name, _weak_attention(self))
         # transformers' registry is global: make sure a runtime dropped without remove() leaves it
-        weakref.finalize(self, hf_compat.unregister, self.name)
-        hf_compat.set_attention_implementation(self.model, self.name)
+        weakref.finalize(self, compat.unregister, self.name)
+        compat.set_attention_implementation(self.model, self.name)
         setattr(self.model, _RUNTIME_ATTR, self)
         # this instance only (never the class); remove() undoes both
         self.model.init_continuous_batching = self.init_continuous_batching
@@ -148,8 +148,8 @@ class Runtime:
 
     def _undo(self) -> None:
         self._stop_batching()
-        hf_compat.set_attention_implementation(self.model, self._previous)
-        hf_compat.unregister(self.name)
+        compat.set_attention_implementation(self.model, self._previous)
+        compat.unregister(self.name)
         if getattr(self.model, _RUNTIME_ATTR, None) is self:
             delattr(self.model, _RUNTIME_ATTR)
         for name in ("init_continuous_batching", "generate", "forward"):
@@ -208,7 +208,7 @@ def apply(model, plan: Plan, *, prefill_chunk_size: int | None = None, warmup=()
     require_instance("plan", plan, Plan, "a Plan (make one with dr.plan(profile, sparsity=...))")
     if not hasattr(model, "config") or not hasattr(model, "set_attn_implementation"):
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
-    hf_compat.check_model_supported(model.config)
+    compat.check_model_supported(model.config)
     shape = shape_of_config(model.config)
     if shape != plan.shape:
         raise PlanError(

@@ -2,7 +2,7 @@
 
 Each layer owns one `HeadGroup` per distinct policy in its layer of the plan. The
 layer's `update` stores nothing itself: it hands itself to the attention function through the
-attention kwargs (see `hf_compat.LAYER_KWARG`), which attends every group to its own storage and
+attention kwargs (see `compat.LAYER_KWARG`), which attends every group to its own storage and
 lets the groups store and evict. `get_seq_length` reports tokens *seen*, not stored, as
 transformers' sliding-window layers do (generate builds positions and slices follow-up prompts
 from it).
@@ -15,7 +15,7 @@ import copy
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .. import compat as hf_compat
+from .. import compat
 from ..compat import LAYER_KWARG
 from ..planning.plan import Plan
 from ..policies.base import DecodeStep, HeadGroup, Step
@@ -68,7 +68,7 @@ class DuoCacheLayer(CacheLayerMixin):
                 "this DuoCache belongs to a duocal runtime that was removed; make a new cache with the "
                 "runtime now applied (runtime.new_cache()), or a plain cache for the model without duocal"
             )
-        hf_compat.check_attention_is(self.owner, "DuoCache")
+        compat.check_attention_is(self.owner, "DuoCache")
         attn_kwargs = kwargs.get("kwargs")
         if not isinstance(attn_kwargs, dict):
             raise RuntimeError(

@@ -2,7 +2,7 @@
 
 The engine packs a pass into one row: queries [1, H, T, D] of all requests back to back (no
 padding: a token's position is its rank). Full heads attend to their paged history (pages.py;
-coded full heads: coded_attention.py),
+quantized full heads: quantized_attention.py),
 each request alone: one padded batch for decode passes, causal sdpa per request for prefills
 (never a mask over the whole packed pass). Bounded heads run duocal's static groups on the slots
 gathered from each request's block (ring of sink + recent, H2O budget), then write them back: a
@@ -18,7 +18,7 @@ import torch
 
 from ..attention import dense as DA
 from ..policies.base import DecodeStep, Step
-from .coded_attention import attend_coded
+from .quantized_attention import attend_quantized
 
 
 @dataclass
@@ -78,9 +78,9 @@ def attend_pass(layer: PagedLayerPass, query, key, value, scaling: float) -> tor
     if heads.full:
         _, q_idx = head_index(heads.full, cache.rep, query.device)
         out[:, q_idx] = attend_full(layer, query[:, q_idx], scaling)
-    for g, (policy, kv_heads) in enumerate(heads.coded):
+    for g, (policy, kv_heads) in enumerate(heads.quantized):
         kv_idx, q_idx = head_index(kv_heads, cache.rep, query.device)
-        out[:, q_idx] = attend_coded(
+        out[:, q_idx] = attend_quantized(
             layer, g, policy, kv_heads, query[:, q_idx], key[:, kv_idx], value[:, kv_idx], scaling
         )
     for g, (policy, kv_heads) in enumerate(heads.bounded):

@@ -24,21 +24,21 @@ from transformers.generation.continuous_batching.cache_allocators.cache_pool imp
 from ..compat import LAYER_KWARG, check_attention_is
 from ..planning.plan import Plan
 from ..planning.sizes import bytes_with_count
-from .coded_pages import ALIGN, ring_key, ring_state
 from .paged_attention import PagedLayerPass, PagedStep
 from .pages import BoundedSlots, FullHeadPages, slot_fields
 from .pool_size import plain_block_bytes, plain_request_bytes
+from .quantized_pages import ALIGN, ring_key, ring_state
 
 logger = logging.getLogger("duocal_runtime.paged")
 
 
 @dataclass(frozen=True)
 class LayerHeads:
-    """One layer of the plan: its 16-bit full KV heads, its coded full groups and its bounded groups
+    """One layer of the plan: its 16-bit full KV heads, its quantized full groups and its bounded groups
     (groups: (policy, KV heads))."""
 
     full: list[int]
-    coded: list[tuple]
+    quantized: list[tuple]
     bounded: list[tuple]
 
     @classmethod
@@ -99,9 +99,9 @@ class DuoPagedCache(PagedAttentionCache):
 
     def _allocators(self, page_size: int) -> dict:
         head_dim, allocators = self.plan.shape.head_dim, {}
-        full, coded = [len(layer.full) for layer in self.layers], [layer.coded for layer in self.layers]
-        if any(full) or any(coded):
-            allocators["full_attention"] = FullHeadPages(0, full, coded, head_dim, self.dtype, page_size)
+        full, quantized = [len(layer.full) for layer in self.layers], [layer.quantized for layer in self.layers]
+        if any(full) or any(quantized):
+            allocators["full_attention"] = FullHeadPages(0, full, quantized, head_dim, self.dtype, page_size)
         unit = allocators["full_attention"].bytes_per_block if allocators else ALIGN
         fields, block, chunks = slot_fields(self.bounded_states(), unit)
         if fields:
@@ -116,7 +116,7 @@ class DuoPagedCache(PagedAttentionCache):
                 group = policy.make_group(kv_heads, self.rep, max_length=1)
                 group.fill(1, 1, self.plan.shape.head_dim, self.dtype, "cpu")
                 states[(layer, g)] = group.state()
-            for g, (policy, kv_heads) in enumerate(heads.coded):
+            for g, (policy, kv_heads) in enumerate(heads.quantized):
                 states[(layer, ring_key(g))] = ring_state(policy, len(kv_heads), self.plan.shape.head_dim, self.dtype)
         return states
 

@@ -7,9 +7,9 @@ either kind), so the split between full-head and bounded memory follows demand:
   full heads of *every* layer, `[layer][token][K|V][full head][D]`, so a layer with 1 full head
   and one with 8 share a block without padding; a request grows by one block per `page_size`
   tokens. Token `i` of a request lives at row `block * page_size + i % page_size`, the engine's
-  own index arithmetic, so its read/write indices and `read_index` gather work unchanged. Coded
+  own index arithmetic, so its read/write indices and `read_index` gather work unchanged. Quantized
   full heads (`kv_bits` 8 / 4) hold their codes in the same page, after the 16-bit heads
-  (coded_pages.py); their full-precision residual is a ring among the bounded slots.
+  (quantized_pages.py); their full-precision residual is a ring among the bounded slots.
 - `BoundedSlots` (the engine's `sliding_attention` allocator, the only other kind its IO knows):
   a request's whole bounded state, every layer and group: keys, values, ranks and scores as
   duocal's static groups hold them (sink + recent ring, H2O budget), in a few blocks of one size
@@ -26,24 +26,24 @@ import torch
 from transformers.generation.continuous_batching.cache_allocators import CacheAllocator
 from transformers.generation.continuous_batching.cache_allocators.cache_pool import CachePool
 
-from .coded_pages import aligned, coded_page_fields, page_views
+from .quantized_pages import aligned, page_views, quantized_page_fields
 
 
 class FullHeadPages(CacheAllocator):
     """Pages of the full heads of all layers: `full[l]` = that layer's 16-bit full KV heads (maybe none),
-    `coded[l]` = its coded full groups [(policy, KV heads)], after them in the page (coded_pages.py)."""
+    `quantized[l]` = its quantized full groups [(policy, KV heads)], after them in the page (quantized_pages.py)."""
 
     supports_block_sharing = False
     supports_block_table = False
     layer_type = "full_attention"
     rows_per_token = 1
 
-    def __init__(self, index: int, full: list[int], coded: list[list], head_dim: int, dtype, page_size: int):
+    def __init__(self, index: int, full: list[int], quantized: list[list], head_dim: int, dtype, page_size: int):
         self.full, self.head_dim, self.cache_dtype = full, head_dim, dtype
         self.page_elems = [page_size * 2 * f * head_dim for f in full]  # per layer, in elements of `dtype`
         self.layer_offsets = [sum(self.page_elems[:i]) for i in range(len(full))]
         start = aligned(sum(self.page_elems) * dtype.itemsize)
-        self.coded_fields, block_bytes = coded_page_fields(coded, head_dim, dtype, page_size, start)
+        self.quantized_fields, block_bytes = quantized_page_fields(quantized, head_dim, dtype, page_size, start)
         self._before_cache_tensor_init(index, [0], page_size, aligned(block_bytes), allow_block_sharing=False)
 
     def register_cache_tensor(self, bytes_per_sector, non_trash_bytes, cache_tensor: torch.Tensor, pool: CachePool):
@@ -56,7 +56,7 @@ class FullHeadPages(CacheAllocator):
             for layer, f in enumerate(self.full)
             if f
         }
-        self.coded_views = page_views(self.coded_fields, cache_tensor, self.bytes_per_block)
+        self.quantized_views = page_views(self.quantized_fields, cache_tensor, self.bytes_per_block)
         self._after_cache_tensor_init(non_trash_bytes, bytes_per_sector, typed, pool)  # trash rows: sectors 0, 1
 
     # --- the engine's block bookkeeping (one block per page_size tokens) ---------------------
@@ -107,7 +107,7 @@ class SlotField:
     """One tensor of one bounded group's state inside one of a request's blocks (batch dim left out)."""
 
     layer: int
-    group: int | str  # a bounded group's index, or a coded full group's ring (coded_pages.ring_key)
+    group: int | str  # a bounded group's index, or a quantized full group's ring (quantized_pages.ring_key)
     name: str  # the static group's attribute: k, v, rank, score, ...
     shape: tuple[int, ...]
     dtype: torch.dtype

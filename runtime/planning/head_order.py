@@ -1,4 +1,5 @@
-"""The order in which heads stop being full: ascending score; only equal scores tie.
+"""Which heads stop being full: how many (a sparsity) or which (a threshold), in the order they do:
+ascending score; only equal scores tie.
 
 Upstream DuoAttention sorts heads by gate and breaks ties with random noise. Calibrated gates are
 clamped to [0, 1], so many heads tie exactly at 0 (SmolLM2's calibrated profile: 49 of 90 gates are
@@ -19,6 +20,9 @@ first (the earlier layers keep their full cache), as before.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+
+from ..checks import require_number
+from ..errors import ConflictingArgumentsError
 
 
 def bounded_order(flat_scores: Sequence[float], losses: Sequence[float] | None = None) -> list[int]:
@@ -42,3 +46,32 @@ def tie_losses(profile, policy) -> list[float] | None:
     """1 − kept share of `policy` per head, when the profile measured that policy (else None)."""
     measured = profile.measurements.get(f"kept:{policy.name}")
     return None if measured is None else [1.0 - k for k in measured.flat()]
+
+
+def check_head_choice(sparsity=None, threshold=None, budget=None) -> None:
+    """How a plan chooses its bounded heads, checked for `plan` and for tools that check their options
+    before they load a model: `sparsity` in [0, 1], `threshold` a finite number, at most one of the three."""
+    for name, value, lo, hi in (("sparsity", sparsity, 0, 1), ("threshold", threshold, None, None)):
+        if value is not None:
+            require_number(name, value, lo, hi)
+    given = tuple(
+        name for name, v in (("sparsity", sparsity), ("threshold", threshold), ("budget", budget)) if v is not None
+    )
+    if len(given) > 1:
+        raise ConflictingArgumentsError(f"give one of sparsity, threshold or budget, not {' and '.join(given)}", given)
+
+
+def bounded_head_count(num_heads: int, sparsity: float) -> int:
+    """KV heads made bounded at `sparsity`: round(sparsity * heads) (Python's round: halves to even)."""
+    check_head_choice(sparsity=sparsity)
+    return round(sparsity * num_heads)
+
+
+def bounded_heads_for_sparsity(flat_scores: Sequence[float], sparsity: float, losses=None) -> set[int]:
+    """Exactly `bounded_head_count` heads, lowest scores first (ties: planning/head_order.py)."""
+    return set(bounded_order(flat_scores, losses)[: bounded_head_count(len(flat_scores), sparsity)])
+
+
+def bounded_heads_for_threshold(flat_scores: Sequence[float], threshold: float) -> set[int]:
+    """Heads with score below `threshold` (upstream: score >= threshold stays full)."""
+    return {i for i, s in enumerate(flat_scores) if s < threshold}

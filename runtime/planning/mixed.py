@@ -62,11 +62,11 @@ def mix_policies(deploy, names: Sequence[str], full: Full, group: int, **sizes: 
     groups of `group`), others with the given sizes, else the profile's deploy sizes."""
     policies = []
     for name in names:
-        coded = QUANTIZED_FULL.fullmatch(name)
+        quantized = QUANTIZED_FULL.fullmatch(name)
         if name == "full":
             policies.append(full)
         else:
-            policies.append(Full.storing(int(coded[1]), group) if coded else deploy.sized(name, **sizes))
+            policies.append(Full.storing(int(quantized[1]), group) if quantized else deploy.sized(name, **sizes))
     return policies
 
 
@@ -96,15 +96,15 @@ def quantization_losses(profile, policy: HeadPolicy) -> list[float]:
 
 def predicted_losses(profile, policies: Sequence[HeadPolicy]) -> tuple[tuple[float, ...], ...]:
     """[flat head][policy]: 0 for full (16-bit, or the one width given), the measured output error for
-    coded full heads beside other widths; 1 − kept share when measured at these sizes; else the score."""
+    quantized full heads beside other widths; 1 − kept share when measured at these sizes; else the score."""
     scores = profile.flat_scores()
     widths = len({p.label for p in policies if not p.bounded})  # one: the plan's kv_bits, not a choice
     columns = []
     for policy in policies:
         measured = profile.measurements.get(kept_name(policy.name))
         if not policy.bounded:
-            coded = policy.quantized and widths > 1
-            columns.append(quantization_losses(profile, policy) if coded else [0.0] * len(scores))
+            quantized = policy.quantized and widths > 1
+            columns.append(quantization_losses(profile, policy) if quantized else [0.0] * len(scores))
         elif measured is not None and measured.settings.get("policy") == policy.to_dict():
             columns.append([1.0 - k for k in measured.flat()])
         else:

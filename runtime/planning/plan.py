@@ -2,7 +2,7 @@
 
 `plan(profile, sparsity=0.5)` follows upstream DuoAttention's rule (``sparsify_attention_heads``
 in duo_attn/utils.py: a global quantile over all heads; heads at or above it stay full) but is
-exact and deterministic: exactly ``round(sparsity * heads)`` heads become non-retrieval, taken
+exact and deterministic: exactly ``round(sparsity * heads)`` heads become bounded, taken
 in *bounded order* (the order heads stop being full; planning/head_order.py):
 
     ascending score; among equal scores (exact ties only), the head that loses least when
@@ -18,49 +18,25 @@ heads — the result is identical to upstream's.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ..checks import require_count, require_instance, require_number
-from ..errors import ConflictingArgumentsError, PlanError
+from ..checks import require_count, require_instance, warn_renamed
+from ..errors import PlanError
 from ..policies import Full, HeadPolicy, policy_from_dict
 from ..profile.format import Profile
 from ..profile.shape import ModelShape
 from ..quant.codes import default_group
 from . import summary as plan_summary
 from .budget import Budget, budget_dtype_of, dtype_bytes, max_context
-from .head_order import bounded_order, tie_losses
+from .head_order import (
+    bounded_heads_for_sparsity,
+    bounded_heads_for_threshold,
+    bounded_order,
+    check_head_choice,
+    tie_losses,
+)
 from .mixed import check_mix, mix_policies, mixed_choice
-
-
-def check_head_choice(sparsity=None, threshold=None, budget=None) -> None:
-    """How a plan chooses its bounded heads, checked for `plan` and for tools that check their options
-    before they load a model: `sparsity` in [0, 1], `threshold` a finite number, at most one of the three."""
-    for name, value, lo, hi in (("sparsity", sparsity, 0, 1), ("threshold", threshold, None, None)):
-        if value is not None:
-            require_number(name, value, lo, hi)
-    given = tuple(
-        name for name, v in (("sparsity", sparsity), ("threshold", threshold), ("budget", budget)) if v is not None
-    )
-    if len(given) > 1:
-        raise ConflictingArgumentsError(f"give one of sparsity, threshold or budget, not {' and '.join(given)}", given)
-
-
-def bounded_head_count(num_heads: int, sparsity: float) -> int:
-    """KV heads made bounded at `sparsity`: round(sparsity * heads) (Python's round: halves to even)."""
-    check_head_choice(sparsity=sparsity)
-    return round(sparsity * num_heads)
-
-
-def bounded_heads_for_sparsity(flat_scores: Sequence[float], sparsity: float, losses=None) -> set[int]:
-    """Exactly `bounded_head_count` heads, lowest scores first (ties: planning/head_order.py)."""
-    return set(bounded_order(flat_scores, losses)[: bounded_head_count(len(flat_scores), sparsity)])
-
-
-def bounded_heads_for_threshold(flat_scores: Sequence[float], threshold: float) -> set[int]:
-    """Heads with score below `threshold` (upstream: score >= threshold stays full)."""
-    return {i for i, s in enumerate(flat_scores) if s < threshold}
 
 
 @dataclass(frozen=True)
@@ -94,8 +70,8 @@ class Plan:
 
     @property
     def num_streaming(self) -> int:
-        """Deprecated name of `num_bounded` (it counts every non-full head, not only sink windows)."""
-        warnings.warn("Plan.num_streaming is deprecated: use Plan.num_bounded", DeprecationWarning, stacklevel=2)
+        """Deprecated name of `num_bounded` (it counts every bounded head, not only sink windows)."""
+        warn_renamed("Plan.num_streaming", "Plan.num_bounded")
         return self.num_bounded
 
     @property
@@ -176,7 +152,7 @@ class Plan:
 
 def plan_from_streaming_set(*args, **kwargs) -> Plan:
     """Deprecated name of `plan_from_bounded_set` (kept for one release)."""
-    warnings.warn("plan_from_streaming_set is deprecated: use plan_from_bounded_set", DeprecationWarning, stacklevel=2)
+    warn_renamed("plan_from_streaming_set", "plan_from_bounded_set")
     return plan_from_bounded_set(*args, **kwargs)
 
 
@@ -239,10 +215,10 @@ def plan(
 ) -> Plan:
     """Turn a profile into a per-head plan.
 
-    Give at most one of `sparsity` (fraction of KV heads that become non-retrieval), `threshold`
-    (heads scoring below it become non-retrieval) or `budget` (bytes or tokens of KV cache at
-    `context` tokens, `batch` and `dtype`: the fewest non-retrieval heads that fit). With none,
-    the profile's deploy sparsity is used. Non-retrieval heads get `policy` (default: the
+    Give at most one of `sparsity` (fraction of KV heads that become bounded), `threshold`
+    (heads scoring below it become bounded) or `budget` (bytes or tokens of KV cache at
+    `context` tokens, `batch` and `dtype`: the fewest bounded heads that fit). With none,
+    the profile's deploy sparsity is used. Bounded heads get `policy` (default: the
     profile's) with the given sizes (defaults: the profile's deploy sizes).
 
     With `policies` (e.g. ("full", "sink_window", "h2o")) and a `budget`, every head gets the one
@@ -271,7 +247,7 @@ def plan(
         return _mixed_plan(profile, sized, Budget.parse(budget), context, batch, dtype)
     bounded_policy = d.sized(policy or d.policy, sink=sink, recent=recent, heavy=heavy)
     if not bounded_policy.bounded:
-        raise PlanError("the policy for non-retrieval heads cannot be 'full'; use sparsity=0 for an all-full plan")
+        raise PlanError("the policy for bounded heads cannot be 'full'; use sparsity=0 for an all-full plan")
     flat = profile.flat_scores()
     if threshold is not None:
         bounded = bounded_heads_for_threshold(flat, threshold)

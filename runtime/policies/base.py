@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..attention.ranks import ranks_of_new_tokens
+from ..checks import warn_renamed
 from ..errors import PlanError
 from ..quant.codes import plain_bytes
 
@@ -30,7 +31,7 @@ def register_policy(cls: type[HeadPolicy]) -> type[HeadPolicy]:
 
 
 def bounded_policy_names() -> tuple[str, ...]:
-    """Policies that keep a bounded number of tokens per head: the choices for non-retrieval heads."""
+    """Policies that keep a bounded number of tokens per head: the choices for the bounded heads of a plan."""
     return tuple(name for name, cls in POLICIES.items() if cls.bounded)
 
 
@@ -67,7 +68,7 @@ class HeadPolicy(ABC):
     """
 
     name: ClassVar[str]
-    bounded: ClassVar[bool] = True  # keeps at most `budget` tokens per head
+    bounded: ClassVar[bool] = True  # keeps at most `capacity` tokens per head
     chunking_changes_result: ClassVar[bool] = False  # True when a prompt cut into chunks keeps other tokens
 
     def __post_init__(self):
@@ -76,10 +77,23 @@ class HeadPolicy(ABC):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise PlanError(f"{self.name}: {f.name} must be a positive integer number of tokens, got {value!r}")
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "budget" in cls.__dict__:  # a policy written before the rename: its `budget` is its capacity
+            warn_renamed(f"{cls.__name__}.budget", f"{cls.__name__}.capacity")
+            cls.capacity = cls.__dict__["budget"]
+            del cls.budget
+
     @property
-    def budget(self) -> int | None:
+    def capacity(self) -> int | None:
         """Most tokens one head keeps (None: unbounded)."""
         return sum(getattr(self, f.name) for f in fields(self)) if self.bounded else None
+
+    @property
+    def budget(self) -> int | None:
+        """Deprecated name of `capacity`."""
+        warn_renamed("HeadPolicy.budget", "HeadPolicy.capacity")
+        return self.capacity
 
     @property
     def label(self) -> str:
@@ -88,7 +102,7 @@ class HeadPolicy(ABC):
 
     def tokens_kept(self, seq_len: int) -> int:
         """Tokens one head holds after `seq_len` real tokens (the analytic size of its cache)."""
-        return seq_len if self.budget is None else min(seq_len, self.budget)
+        return seq_len if self.capacity is None else min(seq_len, self.capacity)
 
     def kv_bytes(self, seq_len: int, head_dim: int, dtype_bytes: int) -> int:
         """Bytes one KV head holds (keys and values) after `seq_len` real tokens."""

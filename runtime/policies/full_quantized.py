@@ -15,7 +15,7 @@ from ..quant import codes as Q
 from ..quant.attention import quantized_attention
 from .base import HeadGroup, Step, full_capacity
 
-QUERY_BLOCK = 128  # queries of one pass attended at once to coded history
+QUERY_BLOCK = 128  # queries of one pass attended at once to quantized history
 PARTS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
 
 
@@ -50,7 +50,7 @@ class QuantizedFullGroup(HeadGroup):
     def attend(self, q, k, v, step: Step):
         self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
         self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
-        if not self.quantized:  # nothing coded yet: exactly what a 16-bit full head computes
+        if not self.quantized:  # nothing quantized yet: exactly what a 16-bit full head computes
             out = attend_every_slot(q, self.k, self.v, step.pad_mask, step.seen_before, step.scaling)
         else:
             history, (history_mask, residual_mask) = self.history(), self.masks(q, step)

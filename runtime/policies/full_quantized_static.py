@@ -4,11 +4,11 @@ What `torch.compile` needs (fixed addresses, no data-dependent shape, no host sy
 dynamic group's numbers: the history as codes of `quantized_tokens(max_length)` tokens plus one
 spare group, and the full-precision residual in a ring of `residual + group` slots (position p in
 slot p mod ring: the residual never holds more than residual + group - 1 tokens, so no slot is
-taken while its token waits). A decode step writes its token to the ring, attends to every coded
-slot (masked past what is coded, as the static full head masks past what is written) and to the
+taken while its token waits). A decode step writes its token to the ring, attends to every quantized
+slot (masked past what is quantized, as the static full head masks past what is written) and to the
 ring, then codes the group that starts where the codes end: when that group is due it is the one
 the dynamic group would code now; when it is not, it lands in slots no mask lets through yet and
-is coded again when due. Prefill passes run the dynamic group's code on the residual read out of
+is quantized again when due. Prefill passes run the dynamic group's code on the residual read out of
 the ring in order, and write what stays back.
 """
 
@@ -30,10 +30,10 @@ class StaticQuantizedFullGroup(QuantizedFullGroup):
         super().__init__(policy, kv_heads, rep)
         self.max_length = max_length
         self.ring = policy.residual + policy.group
-        self.coded = Q.quantized_tokens(max_length, policy.group, policy.residual) + policy.group
+        self.code_slots = Q.quantized_tokens(max_length, policy.group, policy.residual) + policy.group
 
     def stored_tokens(self) -> int:
-        return 0 if self.k is None else self.coded + self.ring
+        return 0 if self.k is None else self.code_slots + self.ring
 
     def _allocate(self, like: torch.Tensor) -> None:
         """Zeroed buffers (a spare slot must hold finite numbers: masked scores still meet its scales)."""
@@ -42,12 +42,12 @@ class StaticQuantizedFullGroup(QuantizedFullGroup):
         per_channel = like.new_empty(b, g, 1, d)
         per_group = like.new_empty(b, g, 1, d // p.group)
         for name, template, slots in (
-            ("k_codes", packed, self.coded),
-            ("k_scale", per_channel, self.coded // p.group),
-            ("k_zero", per_channel, self.coded // p.group),
-            ("v_codes", packed, self.coded),
-            ("v_scale", per_group, self.coded),
-            ("v_zero", per_group, self.coded),
+            ("k_codes", packed, self.code_slots),
+            ("k_scale", per_channel, self.code_slots // p.group),
+            ("k_zero", per_channel, self.code_slots // p.group),
+            ("v_codes", packed, self.code_slots),
+            ("v_scale", per_group, self.code_slots),
+            ("v_zero", per_group, self.code_slots),
         ):
             setattr(self, name, allocate_static(template, slots))
         self.k, self.v = allocate_static(like[:, :, :1], self.ring), allocate_static(like[:, :, :1], self.ring)
@@ -81,41 +81,41 @@ class StaticQuantizedFullGroup(QuantizedFullGroup):
         slot = (position % self.ring).view(1)
         self.k.index_copy_(2, slot, k)
         self.v.index_copy_(2, slot, v)
-        coded = (position - p.residual).clamp(min=0) // p.group * p.group  # tokens coded before this step
+        quantized = (position - p.residual).clamp(min=0) // p.group * p.group  # tokens quantized before this step
         history = (
             Q.QuantizedKV(self.k_codes, self.k_scale, self.k_zero),
             Q.QuantizedKV(self.v_codes, self.v_scale, self.v_zero),
         )
-        masks = self._decode_masks(position, coded, step.pad_mask)
+        masks = self._decode_masks(position, quantized, step.pad_mask)
         out = quantized_attention(q, history, self.k, self.v, masks, step.scaling, p.kv_bits, p.group)
-        self._code_group_at(coded, step.pad_mask)
+        self._code_group_at(quantized, step.pad_mask)
         return out
 
-    def _decode_masks(self, position, coded, pad_mask):
-        """What a decode query sees: coded slots below `coded`, ring slots holding positions from `coded` on."""
+    def _decode_masks(self, position, quantized, pad_mask):
+        """What a decode query sees: code slots below `quantized`, ring slots holding positions from `quantized` on."""
         device = position.device
-        history = torch.arange(self.coded, device=device) < coded  # [C]
+        history = torch.arange(self.code_slots, device=device) < quantized  # [C]
         held = position - (position - torch.arange(self.ring, device=device)) % self.ring  # each ring slot's position
-        residual = held >= coded  # [ring]
+        residual = held >= quantized  # [ring]
         if pad_mask is not None:
             pad = pad_mask.bool()
-            if pad.shape[1] < self.coded:
-                pad = torch.nn.functional.pad(pad, (0, self.coded - pad.shape[1]))
-            history = history & pad[:, : self.coded]
+            if pad.shape[1] < self.code_slots:
+                pad = torch.nn.functional.pad(pad, (0, self.code_slots - pad.shape[1]))
+            history = history & pad[:, : self.code_slots]
             residual = residual & pad.gather(1, held.clamp(min=0).expand(pad.shape[0], -1))
-        return history.view(-1, 1, 1, self.coded), residual.view(-1, 1, 1, self.ring)
+        return history.view(-1, 1, 1, self.code_slots), residual.view(-1, 1, 1, self.ring)
 
-    def _code_group_at(self, coded, pad_mask) -> None:
-        """Code the `group` positions from `coded` (read from the ring) into their slots."""
+    def _code_group_at(self, quantized, pad_mask) -> None:
+        """Code the `group` positions from `quantized` (read from the ring) into their slots."""
         p = self.policy
-        positions = coded + torch.arange(p.group, device=coded.device)
+        positions = quantized + torch.arange(p.group, device=quantized.device)
         slots = positions % self.ring
         valid = None
         if pad_mask is not None:
             valid = pad_mask.index_select(1, positions.clamp(max=pad_mask.shape[1] - 1)).bool()
         keys = Q.quantize_keys(self.k.index_select(2, slots), p.kv_bits, p.group, valid)
         values = Q.quantize_values(self.v.index_select(2, slots), p.kv_bits, p.group)
-        group_index = (coded // p.group).view(1)
+        group_index = (quantized // p.group).view(1)
         for name, part in zip(PARTS, (keys.codes, keys.scale, keys.zero, values.codes, values.scale, values.zero)):
             getattr(self, name).index_copy_(2, group_index if name in ("k_scale", "k_zero") else positions, part)
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 from ..quant.codes import GROUP
 from .base import register_policy
-from .h2o import CodedHeavyHitterPolicy
+from .h2o import QuantizedHeavyHitterPolicy
 
 
 @register_policy
 @dataclass(frozen=True)
-class SinkH2O(CodedHeavyHitterPolicy):
+class SinkH2O(QuantizedHeavyHitterPolicy):
     name = "sink_h2o"
     sink: int = 4
     heavy: int = 124

@@ -15,7 +15,7 @@ import torch
 
 from ..attention import ranks as R
 from ..attention.dense import decode_sdpa
-from ..attention.window import sink_window_attention
+from ..attention.sink_window_attention import sink_window_attention
 from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
 from .static_buffers import allocate_static
 
@@ -60,8 +60,8 @@ class SinkWindowGroup(HeadGroup):
         return self._attend_chunk(q, k, v, step)
 
     def _insert_one(self, k, v, rank):  # k [B, G, 1, D], rank [B]
-        sink, budget = self.policy.sink, self.policy.budget
-        if self.k.shape[2] < budget and bool((self.rank >= 0).all(-1).any()):
+        sink, capacity = self.policy.sink, self.policy.capacity
+        if self.k.shape[2] < capacity and bool((self.rank >= 0).all(-1).any()):
             b, g, _, d = self.k.shape
             self.k = torch.cat([self.k, self.k.new_zeros(b, g, 1, d)], dim=2)
             self.v = torch.cat([self.v, self.v.new_zeros(b, g, 1, d)], dim=2)
@@ -105,9 +105,9 @@ class StaticSinkWindowGroup(SinkWindowGroup):
         return torch.where(rank < sink, rank, sink + (rank - sink) % recent)
 
     def _allocate(self, like: torch.Tensor) -> None:
-        budget = self.policy.budget
-        self.k, self.v = allocate_static(like, budget), allocate_static(like, budget)
-        self.rank = allocate_static(like.new_empty(like.shape[0], 1, dtype=torch.long), budget, -1)
+        capacity = self.policy.capacity
+        self.k, self.v = allocate_static(like, capacity), allocate_static(like, capacity)
+        self.rank = allocate_static(like.new_empty(like.shape[0], 1, dtype=torch.long), capacity, -1)
 
     def attend(self, q, k, v, step: Step):
         if self.k is None:
@@ -121,15 +121,15 @@ class StaticSinkWindowGroup(SinkWindowGroup):
 
     def _store(self, keys, values, ranks, keep) -> None:
         """Move the kept slots to their ring slots; the rest go to a spare column that is dropped."""
-        budget = self.policy.budget
-        slot = torch.where(keep, self.ring_slot(ranks.clamp(min=0)), budget)  # [B, S]
+        capacity = self.policy.capacity
+        slot = torch.where(keep, self.ring_slot(ranks.clamp(min=0)), capacity)  # [B, S]
         for buffer, source in ((self.k, keys), (self.v, values)):
-            spread = source.new_zeros(*source.shape[:2], budget + 1, source.shape[3])
+            spread = source.new_zeros(*source.shape[:2], capacity + 1, source.shape[3])
             spread.scatter_(2, slot[:, None, :, None].expand_as(source), source)
-            buffer.copy_(spread[:, :, :budget])
-        spread_rank = ranks.new_full((ranks.shape[0], budget + 1), -1)
+            buffer.copy_(spread[:, :, :capacity])
+        spread_rank = ranks.new_full((ranks.shape[0], capacity + 1), -1)
         spread_rank.scatter_(1, slot, torch.where(keep, ranks, -1))
-        self.rank.copy_(spread_rank[:, :budget])
+        self.rank.copy_(spread_rank[:, :capacity])
 
     def decode(self, q, k, v, step: DecodeStep):
         slot = self.ring_slot(step.new_rank.clamp(min=0))  # [B]

@@ -7,7 +7,7 @@ reference's default) so neighbours of an important token come with it; the top `
 tokens are kept. Query-aware: it chooses by what the end of the prompt asks, so a question asked
 after the context is compressed finds only what the context's own end looked at.
 
-Here it then behaves as a fixed budget (the reference lets decode tokens grow the cache): the last
+Here it then behaves as a fixed capacity (the reference lets decode tokens grow the cache): the last
 `window` tokens stay, a token that leaves the window is evicted unless it was selected, and the
 selection is redone at the end of every prefill pass (a follow-up turn re-selects among what is
 kept). Storage and decode are the h2o groups' (one slot per evicted token, no copies).
@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from ..attention import dense as DA
 from ..attention import ranks as R
 from ..attention.scored import attention_with_mass
+from ..checks import renamed_keyword
 from .base import Step, register_policy
-from .h2o import H2OGroup, HeavyHitterPolicy, StaticH2OGroup
+from .heavy_hitters import H2OGroup, HeavyHitterPolicy, StaticH2OGroup
 
 POOL_KERNEL = 5  # the SnapKV reference's default average pooling of window attention along keys
 PINNED = float("inf")  # the score of a selected token: never evicted until the next selection
@@ -38,11 +39,12 @@ class SnapKV(HeavyHitterPolicy):
     window: int = 32
 
     @classmethod
-    def keeping(cls, budget: int) -> SnapKV:
-        """SnapKV keeping `budget` tokens per head: an observation window of 32 (a quarter of a budget
-        under 128), the rest selected."""
-        window = max(1, min(32, budget // 4))
-        return cls(selected=budget - window, window=window)
+    def keeping(cls, capacity: int | None = None, *, budget: int | None = None) -> SnapKV:
+        """SnapKV keeping `capacity` tokens per head: an observation window of 32 (a quarter of a
+        capacity under 128), the rest selected. (`budget=` is the deprecated name of `capacity`.)"""
+        capacity = renamed_keyword("SnapKV.keeping", "capacity", capacity, "budget", budget)
+        window = max(1, min(32, capacity // 4))
+        return cls(selected=capacity - window, window=window)
 
     def protected(self, k_rank, real_total):
         """The last `window` real tokens (the observation window of the next selection)."""
@@ -107,4 +109,4 @@ class SnapKVGroup(H2OGroup):
 
 
 class StaticSnapKVGroup(SnapKVGroup, StaticH2OGroup):
-    """`budget` fixed slots per head (the h2o static group's), SnapKV's selection."""
+    """`capacity` fixed slots per head (the h2o static group's), SnapKV's selection."""

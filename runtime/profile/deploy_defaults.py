@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..checks import warn_renamed
 from ..errors import PlanError, ProfileError
 from ..policies import HeadPolicy, bounded_policy_names, make_policy, policy_from_dict
 
@@ -20,7 +21,7 @@ PER_POLICY_SIZES = 3  # the first profile version with "sizes"
 @dataclass(frozen=True)
 class DeployDefaults:
     """How a profile is meant to be deployed unless the user says otherwise: the sparsity, the
-    policy of non-retrieval heads, and sizes per policy (`{"sink_window": {"sink": 64, "recent":
+    policy of bounded heads, and sizes per policy (`{"sink_window": {"sink": 64, "recent":
     256}, ...}`, each policy's own fields; a policy not listed takes its own defaults)."""
 
     sparsity: float = 0.5
@@ -64,9 +65,15 @@ class DeployDefaults:
         return replace(self, sizes={**self.sizes, **DeployDefaults.of(*policies).sizes})
 
     @property
-    def window(self):
+    def sink_window(self):
         """The sink window these defaults deploy streaming heads with (`sink_window`'s sizes)."""
         return self.sized("sink_window")
+
+    @property
+    def window(self):
+        """Deprecated name of `sink_window`."""
+        warn_renamed("DeployDefaults.window", "DeployDefaults.sink_window")
+        return self.sink_window
 
     def to_dict(self) -> dict[str, Any]:
         return {"sparsity": self.sparsity, "policy": self.policy, "sizes": self.sizes}

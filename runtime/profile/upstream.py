@@ -140,10 +140,10 @@ def export_upstream(profile: Profile, out_dir: str | os.PathLike) -> Path:
     training: dict[str, Any] = dict(profile.source.get("training") or {})
     config = {
         "model_name": profile.model.name_or_path,
-        "sink_size": training.get("sink_size", profile.deploy.window.sink),
-        "recent_size": training.get("recent_size", profile.deploy.window.recent),
-        "deploy_sink_size": profile.deploy.window.sink,
-        "deploy_recent_size": profile.deploy.window.recent,
+        "sink_size": training.get("sink_size", profile.deploy.sink_window.sink),
+        "recent_size": training.get("recent_size", profile.deploy.sink_window.recent),
+        "deploy_sink_size": profile.deploy.sink_window.sink,
+        "deploy_recent_size": profile.deploy.sink_window.recent,
         **{k: v for k, v in training.items() if k not in ("sink_size", "recent_size")},
         "exported_by": "duocal",
     }

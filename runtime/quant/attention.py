@@ -3,7 +3,7 @@
 On the CPU a decode pass reads the quantized part (every token older than the residual) with the C
 kernel of quant/kernels.py: 8 tokens at a time straight from the codes, scores, softmax and values
 in registers, one call for every head. Elsewhere (CUDA, a traced graph, prefill-sized query
-blocks, no C compiler) it is read `CODED_BLOCK` tokens at a time in torch and never dequantized:
+blocks, no C compiler) it is read `QUANTIZED_BLOCK` tokens at a time in torch and never dequantized:
 its scores are (q × scale) · codes + q · zero per group of tokens (keys), its output (p × scale) @
 codes + p @ zero per group of channels (values), as matmuls on the codes converted to fp32 run by
 run (4-bit nibbles hold the two halves of the channels, so nothing is interleaved). Measured on
@@ -21,9 +21,9 @@ from collections.abc import Callable
 import torch
 
 from . import codes as Q
-from . import kernels as coded_kernels
+from . import kernels
 
-CODED_BLOCK = 2048  # tokens of quantized history read at once (a multiple of every group size used)
+QUANTIZED_BLOCK = 2048  # tokens of quantized history read at once (a multiple of every group size used)
 
 
 class RunningSoftmax:
@@ -58,7 +58,7 @@ class RunningSoftmax:
 
 
 def key_scores(qg: torch.Tensor, keys: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor:
-    """qg [B, G, RT, D] against n coded keys -> [B, G, RT, n]: per group of tokens, (q × scale) ·
+    """qg [B, G, RT, D] against n quantized keys -> [B, G, RT, n]: per group of tokens, (q × scale) ·
     codes + q · zero, as matmuls over the groups (the dequantized keys are never formed)."""
     b, g, n = keys.codes.shape[:3]
     scaled = qg[:, :, None] * keys.scale.float()[:, :, :, None, :]  # [B, G, n / group, RT, D]
@@ -86,10 +86,10 @@ def channel_groups(codes: torch.Tensor, bits: int, group: int):
 
 
 def weighted_values(p: torch.Tensor, values: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor:
-    """p [B, G, RT, n] times n coded values -> [B, G, RT, D]: per group of channels, (p × scale) @
+    """p [B, G, RT, n] times n quantized values -> [B, G, RT, D]: per group of channels, (p × scale) @
     codes + p @ zero (matmuls over the tokens; the dequantized values are never formed); the C kernel
     where it applies."""
-    fast = coded_kernels.weighted_token_values(p, values, bits, group)
+    fast = kernels.weighted_token_values(p, values, bits, group)
     if fast is not None:
         return fast
     scale, zero = values.scale.float(), values.zero.float()
@@ -101,9 +101,9 @@ def weighted_values(p: torch.Tensor, values: Q.QuantizedKV, bits: int, group: in
 
 
 def token_key_scores(qg: torch.Tensor, keys: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor:
-    """qg [B, G, RT, D] against n keys coded per token (scales [B, G, n, D / group], as values are) ->
+    """qg [B, G, RT, D] against n keys quantized per token (scales [B, G, n, D / group], as values are) ->
     [B, G, RT, n]: per group of channels, (q · codes) × scale + (Σ q) × zero; the C kernel where it applies."""
-    fast = coded_kernels.token_scores(qg, keys, bits, group)
+    fast = kernels.token_scores(qg, keys, bits, group)
     if fast is not None:
         return fast
     scale, zero, scores = keys.scale.float(), keys.zero.float(), 0
@@ -115,10 +115,10 @@ def token_key_scores(qg: torch.Tensor, keys: Q.QuantizedKV, bits: int, group: in
 
 
 def add_blocks(softmax: RunningSoftmax, qg, keys: Q.QuantizedKV, values: Q.QuantizedKV, visible, bits: int, group: int):
-    """The coded history in torch, `CODED_BLOCK` tokens at a time (`visible` [B, N] or None)."""
+    """The quantized history in torch, `QUANTIZED_BLOCK` tokens at a time (`visible` [B, N] or None)."""
     n = keys.codes.shape[2]
-    for start in range(0, n, CODED_BLOCK):
-        stop = min(n, start + CODED_BLOCK)
+    for start in range(0, n, QUANTIZED_BLOCK):
+        stop = min(n, start + QUANTIZED_BLOCK)
         kb, vb = Q.token_slice(keys, start, stop, group, True), Q.token_slice(values, start, stop, group, False)
         scores = key_scores(qg, kb, bits, group)
         if visible is not None:
@@ -138,7 +138,7 @@ def quantized_attention(q, quantized, residual_k, residual_v, masks, scaling: fl
     if quantized is not None:
         keys, values = quantized
         visible = None if masks[0] is None else masks[0].expand(b, 1, 1, -1).reshape(b, -1)
-        fused = coded_kernels.attend(qg, keys, values, visible, bits, group)
+        fused = kernels.attend(qg, keys, values, visible, bits, group)
         if fused is not None:
             softmax.fold(*fused)
         else:

@@ -97,7 +97,7 @@ def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
 
 def quantize_keys(k: torch.Tensor, bits: int, group: int, valid: torch.Tensor | None = None) -> QuantizedKV:
     """k [B, G, N, D] (N a multiple of group): one scale and zero per channel and group of tokens.
-    `valid` [B, N] (False: padding) keeps padded slots out of the scales (they are coded, clamped)."""
+    `valid` [B, N] (False: padding) keeps padded slots out of the scales (they are quantized, clamped)."""
     b, g, n, d = k.shape
     x = k.float().reshape(b, g, n // group, group, d)
     if valid is None:
@@ -181,12 +181,12 @@ def check_code_head_dim(policy: str, kv_bits: int, group: int, head_dim: int) ->
 
 
 def token_code_bytes(head_dim: int, bits: int, group: int, dtype_bytes: int) -> int:
-    """Bytes of one token's keys or values coded on their own (codes, a scale and zero per group of channels)."""
+    """Bytes of one token's keys or values quantized on their own (codes, a scale and zero per group of channels)."""
     return head_dim * bits // 8 + 2 * (head_dim // group) * dtype_bytes
 
 
-def token_coded_bytes(n: int, head_dim: int, bits: int, group: int, dtype_bytes: int) -> int:
-    """Bytes one KV head holds for n tokens each coded on its own (keys and values; 16 bits: plain)."""
+def token_quantized_bytes(n: int, head_dim: int, bits: int, group: int, dtype_bytes: int) -> int:
+    """Bytes one KV head holds for n tokens each quantized on its own (keys and values; 16 bits: plain)."""
     if bits == 16:
         return plain_bytes(n, head_dim, dtype_bytes)
     return 2 * n * token_code_bytes(head_dim, bits, group, dtype_bytes)

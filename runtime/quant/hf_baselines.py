@@ -60,23 +60,23 @@ def tensor_bytes(t) -> int:
     return t.nbytes
 
 
-def coded_layer_bytes(layer) -> int:
+def quantized_layer_bytes(layer) -> int:
     """Bytes a layer of a `QuantizedCache` holds in codes: quanto's tensors, or HQQ's codes with their
     metadata (scale and zero point)."""
     total = 0
     for name in ("_quantized_keys", "_quantized_values"):
-        coded = getattr(layer, name, None)
-        if coded is None:
+        quantized = getattr(layer, name, None)
+        if quantized is None:
             continue
-        if isinstance(coded, tuple):  # HQQ: (codes, meta)
-            codes, meta = coded
+        if isinstance(quantized, tuple):  # HQQ: (codes, meta)
+            codes, meta = quantized
             total += tensor_bytes(codes) + sum(meta[k].nbytes for k in ("scale", "zero") if k in meta)
         else:
-            total += tensor_bytes(coded)
+            total += tensor_bytes(quantized)
     return total
 
 
 def cache_bytes(cache) -> int:
     """KV bytes of a transformers cache: codes, their scales and zero points, and what is in full precision."""
     full = sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers if layer.keys is not None)
-    return full + sum(coded_layer_bytes(layer) for layer in cache.layers)
+    return full + sum(quantized_layer_bytes(layer) for layer in cache.layers)

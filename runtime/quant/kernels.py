@@ -1,4 +1,4 @@
-"""The C kernels of coded decode attention (csrc/coded_attention.c, vectors.h), built on first use.
+"""The C kernels of quantized decode attention (csrc/quantized_attention.c, vectors.h), built on first use.
 
 Decode over KIVI codes in torch converts every block of codes to fp32 and runs small matmuls on
 it; the C kernels read the codes as they are, a row at a time, and keep the sums in registers.
@@ -33,13 +33,13 @@ import torch
 from ..files.atomic import write_atomic
 from . import codes as Q
 
-SOURCE = Path(__file__).with_name("csrc") / "coded_attention.c"
+SOURCE = Path(__file__).with_name("csrc") / "quantized_attention.c"
 SWITCH_ENV = "DUOCAL_KERNELS"
 MAX_ROWS, MAX_HEAD_DIM = 64, 256  # MAXR and MAXV * 8 in the C source
 TOKENS_PER_THREAD = 32768
 COMMON = ("-O3", "-shared", "-fPIC", "-pthread")
 FLAGS = (("-march=native", *COMMON), COMMON)
-SYMBOLS = ("duocal_coded_attention", "duocal_weighted_values", "duocal_token_scores")
+SYMBOLS = ("duocal_quantized_attention", "duocal_weighted_values", "duocal_token_scores")
 COMPILE_TIMEOUT_S, VERSION_TIMEOUT_S = 120.0, 20.0  # a build takes ~7 s here
 
 
@@ -50,7 +50,7 @@ def enabled() -> bool:
 def attend(
     qg: torch.Tensor, keys: Q.QuantizedKV, values: Q.QuantizedKV, visible: torch.Tensor | None, bits: int, group: int
 ):
-    """Softmax of qg [B, G, RT, D] (scaled) over n coded tokens (`visible` [B, n] bool or None), as
+    """Softmax of qg [B, G, RT, D] (scaled) over n quantized tokens (`visible` [B, n] bool or None), as
     (running max, sum of exp(score − max), unnormalized weighted values): [B, G, RT, 1] twice and
     [B, G, RT, D], fp32; None where the kernel does not apply."""
     n = keys.codes.shape[2]
@@ -63,7 +63,7 @@ def attend(
     mask = None if visible is None else visible.to(torch.uint8).contiguous()
     out = torch.empty(b, g, rows, d, dtype=torch.float32)
     top, total = (torch.empty(b, g, rows, 1, dtype=torch.float32) for _ in range(2))
-    library().duocal_coded_attention(
+    library().duocal_quantized_attention(
         qg.data_ptr(), *(t.data_ptr() for t in parts), _strides(parts),
         None if mask is None else mask.data_ptr(), 0 if mask is None else mask.stride(0),
         out.data_ptr(), top.data_ptr(), total.data_ptr(),
@@ -73,24 +73,24 @@ def attend(
 
 
 def weighted_token_values(p: torch.Tensor, values: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor | None:
-    """The C kernel's [B, G, RT, D] sums of p [B, G, RT, n] times values coded per token, or None."""
+    """The C kernel's [B, G, RT, D] sums of p [B, G, RT, n] times values quantized per token, or None."""
     return _per_token("duocal_weighted_values", p, values, values.codes.shape[3] * 8 // bits, bits, group)
 
 
 def token_scores(qg: torch.Tensor, keys: Q.QuantizedKV, bits: int, group: int) -> torch.Tensor | None:
-    """The C kernel's [B, G, RT, n] scores of qg [B, G, RT, D] against keys coded per token, or None."""
+    """The C kernel's [B, G, RT, n] scores of qg [B, G, RT, D] against keys quantized per token, or None."""
     return _per_token("duocal_token_scores", qg, keys, keys.codes.shape[2], bits, group)
 
 
-def _per_token(kernel: str, x: torch.Tensor, coded: Q.QuantizedKV, width: int, bits: int, group: int):
-    """x [B, G, RT, *] against tokens coded per token -> [B, G, RT, width] (fp32), or None."""
-    if not _applies(x, coded, bits, group):
+def _per_token(kernel: str, x: torch.Tensor, quantized: Q.QuantizedKV, width: int, bits: int, group: int):
+    """x [B, G, RT, *] against tokens quantized per token -> [B, G, RT, width] (fp32), or None."""
+    if not _applies(x, quantized, bits, group):
         return None
     b, g, rows, _ = x.shape
     x = x.float().contiguous()
-    parts = [_rows(t) for t in (coded.codes, coded.scale.float(), coded.zero.float())]
+    parts = [_rows(t) for t in (quantized.codes, quantized.scale.float(), quantized.zero.float())]
     out = torch.empty(b, g, rows, width, dtype=torch.float32)
-    d, n = coded.codes.shape[3] * 8 // bits, coded.codes.shape[2]
+    d, n = quantized.codes.shape[3] * 8 // bits, quantized.codes.shape[2]
     getattr(library(), kernel)(
         x.data_ptr(), *(t.data_ptr() for t in parts), _strides(parts),
         out.data_ptr(), b, g, rows, d, n, bits, group, _threads(b * g, n),
@@ -98,11 +98,11 @@ def _per_token(kernel: str, x: torch.Tensor, coded: Q.QuantizedKV, width: int, b
     return out
 
 
-def _applies(x: torch.Tensor, coded: Q.QuantizedKV, bits: int, group: int) -> bool:
-    d = coded.codes.shape[3] * 8 // bits
+def _applies(x: torch.Tensor, quantized: Q.QuantizedKV, bits: int, group: int) -> bool:
+    d = quantized.codes.shape[3] * 8 // bits
     return (
         x.device.type == "cpu"
-        and coded.codes.device.type == "cpu"
+        and quantized.codes.device.type == "cpu"
         and not torch.compiler.is_compiling()
         and not (torch.is_grad_enabled() and x.requires_grad)  # the kernel has no backward
         and x.shape[2] <= MAX_ROWS
@@ -136,14 +136,14 @@ def library() -> ctypes.CDLL | None:
         lib = _load()
     except (OSError, subprocess.SubprocessError) as err:
         warnings.warn(
-            f"duocal: coded attention runs in torch (slower), the C kernels did not build: {err}", stacklevel=2
+            f"duocal: quantized attention runs in torch (slower), the C kernels did not build: {err}", stacklevel=2
         )
         return None
     i64, ptr, i64s = ctypes.c_int64, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)
-    lib.duocal_coded_attention.argtypes = [ptr] * 7 + [i64s, ptr, i64] + [ptr] * 3 + [i64] * 7
+    lib.duocal_quantized_attention.argtypes = [ptr] * 7 + [i64s, ptr, i64] + [ptr] * 3 + [i64] * 7
     for per_token in (lib.duocal_weighted_values, lib.duocal_token_scores):
         per_token.argtypes, per_token.restype = [ptr] * 4 + [i64s, ptr] + [i64] * 7, None
-    lib.duocal_coded_attention.restype = None
+    lib.duocal_quantized_attention.restype = None
     return lib
 
 
@@ -156,7 +156,7 @@ def _load() -> ctypes.CDLL:
     version = _run([compiler, "--version"], VERSION_TIMEOUT_S).stdout
     sources = [p.read_text() for p in sorted(SOURCE.parent.glob("*.[ch]"))]  # the kernel and its header
     key = hashlib.sha256("\0".join((*sources, compiler, version, repr(FLAGS), _cpu())).encode()).hexdigest()
-    name = f"coded_attention-{key[:16]}.so"
+    name = f"quantized_attention-{key[:16]}.so"
     folder = _cache_folder()
     if folder is None:
         with tempfile.TemporaryDirectory(prefix="duocal-kernels-") as tmp:

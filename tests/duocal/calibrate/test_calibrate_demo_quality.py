@@ -78,7 +78,7 @@ def test_measured_ranking_resolves_saturated_gates():
     tied = dr.Profile(profile.model, scores, {"kind": "test"}, profile.deploy)
     measured = rerank_profile(tied)
     assert measured.source["reranked"]["tied_at_top"] == 5
-    window = profile.deploy.window
+    window = profile.deploy.sink_window
     plans = {
         name: dr.plan(p, sparsity=14 / 16, policy="sink_window", sink=window.sink, recent=window.recent)
         for name, p in (("upstream-ties", tied), ("measured", measured))

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from duocal.calibrate import window_blocks
+from duocal.calibrate import key_blocks
 from duocal.calibrate.gated_attention import ATTENTION_NAME, Gating, install, mix, uninstall
-from duocal.calibrate.window_blocks import blocked_window_attention, dense_window_attention
-from duocal_runtime import compat as hf_compat
+from duocal.calibrate.key_blocks import blocked_sink_window_attention, dense_sink_window_attention
+from duocal_runtime import compat
 
 from runtime_models import tiny_model
 
@@ -31,8 +31,8 @@ def test_blocked_streaming_matches_dense_reference(t, sink, recent, block, h, g)
     q = torch.randn(2, h, t, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, g, t, 8, dtype=torch.float64, requires_grad=True)
     v = torch.randn(2, g, t, 8, dtype=torch.float64, requires_grad=True)
-    got = blocked_window_attention(q, k, v, sink, recent, 0.3, block)
-    want = dense_window_attention(q, k, v, sink, recent, 0.3)
+    got = blocked_sink_window_attention(q, k, v, sink, recent, 0.3, block)
+    want = dense_sink_window_attention(q, k, v, sink, recent, 0.3)
     assert got.shape == want.shape == (2, h, t, 8)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     upstream = torch.randn_like(got)
@@ -49,12 +49,12 @@ def test_blocked_streaming_never_builds_a_full_mask(monkeypatch):
         seen.append((q.shape[-2], k.shape[-2], None if attn_mask is None else attn_mask.numel()))
         return real(q, k, v, attn_mask=attn_mask, **kw)
 
-    monkeypatch.setattr(window_blocks.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(key_blocks.F, "scaled_dot_product_attention", spy)
     sink, recent, block, r = 16, 48, 32, 2
     for t in (200, 4000):
         seen.clear()
         q, k = torch.randn(1, 2 * r, t, 8), torch.randn(1, 2, t, 8)
-        blocked_window_attention(q, k, k, sink, recent, 0.3, block)
+        blocked_sink_window_attention(q, k, k, sink, recent, 0.3, block)
         ((rows, keys, mask_elems),) = seen
         assert keys <= sink + recent + 2 * block
         assert rows == r * block
@@ -69,7 +69,7 @@ def test_mix_follows_gqa_grouping():
 
 def _dense_streaming(sink, recent):
     def fn(module, q, k, v, attention_mask, scaling=None, dropout=0.0, **kw):
-        return dense_window_attention(q, k, v, sink, recent, scaling).transpose(1, 2), None
+        return dense_sink_window_attention(q, k, v, sink, recent, scaling).transpose(1, 2), None
 
     return fn
 
@@ -96,11 +96,11 @@ def test_teacher_and_student_passes(family):
 
         zeros = torch.zeros(layers, kv)
         student = model.model(input_ids=ids, use_cache=False, duocal_gating=gating.student(zeros)).last_hidden_state
-        hf_compat.register("duocal_test_dense_streaming", _dense_streaming(sink, recent))
+        compat.register("duocal_test_dense_streaming", _dense_streaming(sink, recent))
         model.set_attn_implementation("duocal_test_dense_streaming")
         with torch.no_grad():
             streamed = model.model(input_ids=ids, use_cache=False).last_hidden_state
-        hf_compat.unregister("duocal_test_dense_streaming")
+        compat.unregister("duocal_test_dense_streaming")
         model.set_attn_implementation(ATTENTION_NAME)
         torch.testing.assert_close(student, streamed, rtol=1e-5, atol=1e-5)
 
@@ -113,7 +113,7 @@ def test_teacher_and_student_passes(family):
         assert torch.isfinite(gates.grad).all() and (gates.grad != 0).all()
     finally:
         uninstall(model, previous)
-    assert hf_compat.attention_implementation(model) == previous
+    assert compat.attention_implementation(model) == previous
 
 
 def test_missing_gating_is_a_clear_error():

@@ -84,7 +84,7 @@ def test_calibrate_writes_profile_heatmap_metrics_config(tiny_llama_folder, tmp_
     assert profile.source["kind"] == "calibration" and profile.source["final"]["step"] == 3
     assert profile.source["recipe"]["train"]["steps"] == 3
     assert profile.source["recipe"]["deepspeed"]["config"] == "recipes/deepspeed/cpu.json"  # no absolute paths
-    assert profile.deploy.window == dr.SinkWindow(16, 64)  # the recipe's deploy sizes
+    assert profile.deploy.sink_window == dr.SinkWindow(16, 64)  # the recipe's deploy sizes
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3]
     assert set(lines[0]) == {"step", "distill_loss", "reg_loss", "lr", "tokens", "seconds"}

@@ -64,10 +64,10 @@ def test_show_sizes_memory_at_the_models_own_positions_when_its_config_is_here(t
     assert json.loads(given.stdout)["context"] == 100
 
 
-def test_show_prints_the_streaming_policy_as_words_not_a_dict():
+def test_show_prints_the_bounded_policy_as_words_not_a_dict():
     result = runner.invoke(app, ["profiles", "show", "demo-model"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "non-retrieval policy: sink_window (sink 16, recent 64)" in result.stdout
+    assert "bounded heads' policy: sink_window (sink 16, recent 64)" in result.stdout
     assert "{" not in result.stdout and "'policy'" not in result.stdout, result.stdout
 
 

@@ -38,13 +38,16 @@ def test_copy_writes_the_recipe_and_its_deepspeed_config_and_refuses_to_overwrit
     assert unknown.exit_code == 1 and "no shipped recipe 'calibrate_nope'" in unknown.stderr
 
 
-def test_eval_policies_is_the_old_name_of_rows_with_a_warning():
+def test_eval_policies_and_windows_are_the_old_names_of_rows_and_text_windows_with_a_warning():
     result = runner.invoke(app, ["eval", "ppl", "--policies", "full", "--context", "256", "--windows", "1", "--json"])
     assert result.exit_code == 0, result.output
-    assert "--policies is deprecated" in result.stderr
-    assert [r["row"] for r in json.loads(result.stdout)] == ["full"]
+    assert "--policies is deprecated for evaluation rows; use --rows" in result.stderr
+    assert "--windows is deprecated; use --text-windows" in result.stderr
+    assert [(r["row"], r["tokens_scored"]) for r in json.loads(result.stdout)] == [("full", 128)]  # one text window
     both = runner.invoke(app, ["eval", "ppl", "--policies", "full", "--rows", "full"])
     assert both.exit_code == 1 and "give --rows only" in both.stderr
+    both = runner.invoke(app, ["eval", "ppl", "--windows", "1", "--text-windows", "1"])
+    assert both.exit_code == 1 and "give --text-windows only (--windows is its old name)" in both.stderr
 
 
 def test_list_reads_whole_at_80_columns_in_a_pipe():

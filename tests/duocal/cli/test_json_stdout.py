@@ -34,7 +34,7 @@ def commands(tmp_path):
     other = dr.save_profile(random_profile(layers=4, kv_heads=4, heads=8, head_dim=16, seed=3), tmp_path / "o.json")
     return [
         ["eval", "passkey", "--contexts", "256", "--samples", "1", "--rows", "full", "--json"],
-        ["eval", "ppl", "--context", "256", "--windows", "1", "--rows", "full", "--json"],
+        ["eval", "ppl", "--context", "256", "--text-windows", "1", "--rows", "full", "--json"],
         ["models", "list", "--json"],
         ["profiles", "list", "--json"],
         ["profiles", "show", "demo-model", "--json"],
@@ -100,7 +100,7 @@ def test_the_profiler_refuses_contexts_beyond_the_models_positions_before_any_wo
 
 def test_evaluations_print_each_row_on_stderr_as_it_finishes_and_keep_stdout_for_results():
     result = runner.invoke(
-        app, ["eval", "ppl", "--context", "256", "--windows", "1", "--rows", "full,streaming", "--json"]
+        app, ["eval", "ppl", "--context", "256", "--text-windows", "1", "--rows", "full,streaming", "--json"]
     )
     assert result.exit_code == 0, result.output
     json.loads(result.stdout)

@@ -92,9 +92,9 @@ def test_pad_batch_left_right_and_multiple():
 
 def test_window_defaults_to_the_profile():
     profile = random_profile().with_deploy(dr.SinkWindow(4, 12))
-    assert PasskeyEvalConfig().window(profile) == dr.SinkWindow(4, 12)
-    assert PasskeyEvalConfig(recent=20).window(profile) == dr.SinkWindow(4, 20)
-    assert PasskeyEvalConfig().window(None) == dr.SinkWindow(64, 256)
+    assert PasskeyEvalConfig().sink_window(profile) == dr.SinkWindow(4, 12)
+    assert PasskeyEvalConfig(recent=20).sink_window(profile) == dr.SinkWindow(4, 20)
+    assert PasskeyEvalConfig().sink_window(None) == dr.SinkWindow(64, 256)
 
 
 # --- running --------------------------------------------------------------------------------
@@ -145,8 +145,8 @@ def test_kv_bits_rows_hold_their_codes_and_say_their_bits(tiny_llama_folder, tmp
     )
     rows = pk.evaluate_passkey(model, tokenizer, config)
     assert [(r.row, r.kv_bits) for r in rows] == [("full", 16), ("full", 4), ("streaming", 16)]
-    coded = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full(kv_bits=4, group=8))
-    assert rows[1].kv_bytes == coded.kv_bytes(512, 1, torch.float32) < 0.6 * rows[0].kv_bytes  # 128 fp32 residual
+    quantized = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full(kv_bits=4, group=8))
+    assert rows[1].kv_bytes == quantized.kv_bytes(512, 1, torch.float32) < 0.6 * rows[0].kv_bytes  # 128 fp32 residual
     assert rows[1].kv_bytes <= rows[1].kv_bytes_measured <= 1.05 * rows[1].kv_bytes
     result = runner.invoke(
         app,

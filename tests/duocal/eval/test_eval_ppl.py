@@ -19,7 +19,7 @@ TEXT = "the quick brown fox jumps over the lazy dog while the passkey waits. " *
 def test_full_row_equals_the_plain_model_and_a_window_wider_than_the_context_changes_nothing(demo_model):
     model, tokenizer = demo_model
     config = PerplexityConfig(
-        rows=("full", "streaming"), context=300, scored=200, chunk=7, windows=2, sink=100, recent=200
+        rows=("full", "streaming"), context=300, scored=200, chunk=7, text_windows=2, sink=100, recent=200
     )
     rows = {r.row: r for r in evaluate_perplexity(model, tokenizer, TEXT, config)}
     losses = []
@@ -41,7 +41,7 @@ def test_evicting_policies_change_the_loss_and_rows_carry_their_bytes(demo_model
         sparsities=(0.5,),
         context=400,
         chunk=50,
-        windows=1,
+        text_windows=1,
         random_seeds=2,
     )
     rows = {r.row: r for r in evaluate_perplexity(model, tokenizer, TEXT, config, profile=profile)}
@@ -58,7 +58,7 @@ def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo_model)
         sparsities=(0.5,),
         context=400,
         chunk=50,
-        windows=1,
+        text_windows=1,
         kv_bits=(16, 8, 4),
         baselines=("hqq8", "hqq4"),
     )
@@ -68,7 +68,7 @@ def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo_model)
         ("hqq8", 8),
         ("hqq4", 4),
     }
-    for bits in (8, 4):  # transformers' QuantizedCache: coded too (its bytes measured from its cache)
+    for bits in (8, 4):  # transformers' QuantizedCache: quantized too (its bytes measured from its cache)
         baseline = rows[f"hqq{bits}", bits]
         assert baseline.ppl != rows["full", 16].ppl and baseline.ppl == pytest.approx(rows["full", 16].ppl, rel=0.1)
         assert baseline.kv_bytes < 0.6 * rows["full", 16].kv_bytes and baseline.sparsity == 0
@@ -76,7 +76,7 @@ def test_kv_bits_rows_quantize_full_heads_only_and_count_their_bytes(demo_model)
     for row in ("full", "duo"):
         assert rows[row, 4].kv_bytes < rows[row, 8].kv_bytes < rows[row, 16].kv_bytes
         assert rows[row, 8].ppl == pytest.approx(rows[row, 16].ppl, rel=0.02)  # 8 bits: hardly a change
-        assert rows[row, 8].ppl != rows[row, 16].ppl  # ... but a real one: tokens beyond the residual are coded
+        assert rows[row, 8].ppl != rows[row, 16].ppl  # ... but a real one: tokens beyond the residual are quantized
     shape = dr.shape_of_config(model.config)
     want = dr.uniform_plan(shape, dr.Full(kv_bits=4, group=math.gcd(32, shape.head_dim))).kv_bytes(400, 1, model.dtype)
     assert rows["full", 4].kv_bytes == want
@@ -112,7 +112,7 @@ def test_cli_json_rows_and_clear_errors(tmp_path):
             str(text),
             "--context",
             "256",
-            "--windows",
+            "--text-windows",
             "1",
             "--rows",
             "full,streaming",

@@ -195,7 +195,7 @@ def test_cli_profile_scores_from_keeps_the_gates_and_measures_at_the_profiles_wi
     merged = dr.load_profile(str(out))
     assert merged.scores == base.scores and merged.source["kind"] == base.source["kind"]
     assert merged.source["measured_by"]["kind"] == "profiler"
-    assert merged.deploy.window == dr.SinkWindow(8, 32)
+    assert merged.deploy.sink_window == dr.SinkWindow(8, 32)
     window = merged.measurements["kept:sink_window"].settings["policy"]
     assert (window["sink"], window["recent"]) == (8, 32)
 
@@ -211,7 +211,7 @@ def test_v1_files_load_with_their_flat_sizes_and_save_as_v3(tmp_path):
     d = loaded.deploy
     assert (d.sparsity, d.policy) == (0.25, "h2o")
     assert (
-        d.window == dr.SinkWindow(8, 40)
+        d.sink_window == dr.SinkWindow(8, 40)
         and d.sized("h2o") == dr.H2O(12, 20)
         and d.sized("sink_h2o") == dr.SinkH2O(8, 12, 20)
     )

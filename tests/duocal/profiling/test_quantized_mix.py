@@ -20,7 +20,7 @@ from runtime_models import left_padded_batch, tiny_model
 MIX = ("full", "full-kv8", "full-kv4", "sink_window")
 
 
-def test_output_error_is_the_relative_error_of_attention_over_the_coded_cache():
+def test_output_error_is_the_relative_error_of_attention_over_the_quantized_cache():
     """Checked against the runtime's own blocked attention over codes (another code path)."""
     torch.manual_seed(0)
     groups, rep, d, t = 2, 3, 16, 120
@@ -32,17 +32,19 @@ def test_output_error_is_the_relative_error_of_attention_over_the_coded_cache():
     want = []
     for a, row in enumerate(rows):
         n = row + 1
-        coded = Q.quantized_tokens(n, 16, 20)
-        history = (Q.quantize_keys(k[None, :, :coded], 4, 16), Q.quantize_values(v[None, :, :coded], 4, 16))
+        quantized = Q.quantized_tokens(n, 16, 20)
+        history = (Q.quantize_keys(k[None, :, :quantized], 4, 16), Q.quantize_values(v[None, :, :quantized], 4, 16))
         q = queries[None, :, a : a + 1]
-        approx = QA.quantized_attention(q, history, k[None, :, coded:n], v[None, :, coded:n], (None, None), 0.25, 4, 16)
+        approx = QA.quantized_attention(
+            q, history, k[None, :, quantized:n], v[None, :, quantized:n], (None, None), 0.25, 4, 16
+        )
         exact = decode_sdpa(q, k[None, :, :n], v[None, :, :n], None, 0.25)
         want.append(((approx - exact).norm(dim=-1) / exact.norm(dim=-1))[0, :, 0].view(groups, rep).mean(-1))
     torch.testing.assert_close(got, torch.stack(want).mean(0), rtol=1e-4, atol=1e-6)
     eight = output_error(queries, k, v, rows, 0.25, dr.Full(kv_bits=8, group=16, residual=20))
     assert (eight < got).all() and (eight > 0).all()
-    uncoded = output_error(queries, k, v, rows, 0.25, dr.Full(kv_bits=4, group=16, residual=128))
-    assert torch.equal(uncoded, torch.zeros(groups))  # fewer tokens than the residual: nothing coded
+    unquantized = output_error(queries, k, v, rows, 0.25, dr.Full(kv_bits=4, group=16, residual=128))
+    assert torch.equal(unquantized, torch.zeros(groups))  # fewer tokens than the residual: nothing quantized
 
 
 def profile_with_errors(layers=4, kv_heads=2, seed=0, group=8, bits=(8, 4)) -> dr.Profile:
@@ -89,7 +91,7 @@ def test_a_byte_budget_mixes_widths_by_measured_error_and_fits(fraction):
     assert plan == dr.plan(profile, budget=f"{budget}B", context=context, policies=MIX)  # deterministic
 
 
-def test_the_head_codes_hurt_least_is_the_one_coded():
+def test_the_head_codes_hurt_least_is_the_one_quantized():
     profile = profile_with_errors(layers=1, kv_heads=2)
     errors = profile.measurements[error_name("full-kv4")]
     low = min(range(2), key=lambda h: errors.scores[0][h])

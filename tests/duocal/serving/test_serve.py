@@ -16,7 +16,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal.serving.startup import ServeSettings, prepare_server
-from duocal_runtime.paged.coded_pages import coded_policies, page_size_for
+from duocal_runtime.paged.quantized_pages import page_size_for, quantized_policies
 
 from helpers import pool_is_whole, random_profile, served_over_http
 
@@ -138,13 +138,15 @@ def test_the_pool_summary_counts_requests_the_scheduler_can_admit(server):
     assert json.dumps(summary)  # printable as it is
 
 
-def test_a_coded_plan_is_served_on_pages_of_whole_code_groups(server):
+def test_a_quantized_plan_is_served_on_pages_of_whole_code_groups(server):
     _, plain_summary, _ = server
     served, summary = prepare_server(ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, kv_bits=4))
     try:
         cache, runtime = served.manager.cache, served.runtime
         page = cache.cache_allocators["full_attention"].tokens_per_page
-        assert page == page_size_for(runtime.plan) and all(page % p.group == 0 for p in coded_policies(runtime.plan))
+        assert page == page_size_for(runtime.plan) and all(
+            page % p.group == 0 for p in quantized_policies(runtime.plan)
+        )
         assert summary["bytes_per_request"] < 0.6 * plain_summary["bytes_per_request"]
         assert summary["requests"] > plain_summary["requests"]
         prompt = [5 + i % 40 for i in range(295)]

@@ -12,9 +12,9 @@ import duocal_runtime as dr
 from duocal.cli.app import app
 from duocal.models import ModelRef
 from duocal.serving.startup import ServeSettings, prepare_server, saved_dtype
-from duocal_runtime.paged.coded_pages import page_size_for
 from duocal_runtime.paged.paged_cache import DuoPagedCache, pool_summary
 from duocal_runtime.paged.pool_size import plain_block_bytes, pool_blocks, pool_config
+from duocal_runtime.paged.quantized_pages import page_size_for
 
 
 class WeightsLoaded(Exception):

@@ -12,8 +12,8 @@ from duocal_runtime.attention import block_sparse as BS
 from duocal_runtime.attention import dense as DA
 from duocal_runtime.attention import ranks as R
 from duocal_runtime.attention import scored as scored_attention
-from duocal_runtime.attention import window as window_attention
-from duocal_runtime.policies import h2o as h2o_policy
+from duocal_runtime.attention import sink_window_attention as sink_window_kernels
+from duocal_runtime.policies import heavy_hitters
 
 from reference_attention import NAME, DenseReference, runtime_kept_ranks
 from runtime_models import left_padded_batch, tiny_model
@@ -85,7 +85,7 @@ def test_flex_sink_window_equals_masked_attention(monkeypatch, heads, kv, t, sto
     k, v = torch.randn(b, kv, stored + t, 16, generator=g), torch.randn(b, kv, stored + t, 16, generator=g)
     q_rank = ranks_with_padding(b, t, pads, before=stored + 10)
     k_rank = torch.cat([stored_ranks(b, stored, stored + 10, seed=2), q_rank], 1)
-    out = window_attention.sink_window_attention(q, k, v, q_rank, k_rank, dr.SinkWindow(7, 100), 0.25)
+    out = sink_window_kernels.sink_window_attention(q, k, v, q_rank, k_rank, dr.SinkWindow(7, 100), 0.25)
     mask = window_mask(q_rank, k_rank, 7, 100)[:, None]
     want = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask | ~mask.any(-1, keepdim=True), scale=0.25, enable_gqa=True
@@ -152,7 +152,7 @@ def test_h2o_prefill_takes_the_triangle_route_only_for_an_unpadded_first_pass(mo
         routes.append(args[6] if len(args) > 6 else kwargs.get("first_pass", False))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(h2o_policy, "attention_with_mass", recording)
+    monkeypatch.setattr(heavy_hitters, "attention_with_mass", recording)
     model = tiny_model("llama")
     runtime = dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.H2O(8, 8)))
     with torch.no_grad():

@@ -45,7 +45,10 @@ def test_benchmark_rows_on_the_tiny_shape():
 def test_quantized_rows_hold_their_analytic_bytes_and_name_their_plan():
     rows = "dynamic,full,full-kv8,full-kv4,stream50-kv4,hqq8"
     args = parse_args(["--shape", "tiny", "--contexts", "4500", "--rows", rows, "--max-prefill", "0"])
-    args.steps, args.warmup = 14, 1  # 4352 tokens coded after the fill; the 12th step codes 32 more (the buffers grow)
+    args.steps, args.warmup = (
+        14,
+        1,
+    )  # 4352 tokens quantized after the fill; the 12th step codes 32 more (the buffers grow)
     results = rows_in_process(args)
     add_ratios(results, None)
     by_row = {r["row"]: r for r in results}

@@ -59,7 +59,7 @@ def test_every_policy_static_equals_dynamic_and_holds_its_preallocation(policy):
         cache = runtime.new_cache(max_length=64)
         got, _ = greedy(model, ids, mask, cache, steps=20)
     assert torch.equal(got, want)
-    slots = 64 if policy.budget is None else policy.budget
+    slots = 64 if policy.capacity is None else policy.capacity
     per_slot = 2 * 2 * shape.num_key_value_heads * shape.head_dim * 4 * shape.num_hidden_layers  # K+V, B=2, fp32
     assert cache.kv_bytes() == slots * per_slot
     assert int(cache.get_seq_length()) == 30 + 19

@@ -18,11 +18,11 @@ MIXED = {  # layer 0 / layer 1 of a 2-layer, 2-KV-head model
     "h2o": [[dr.H2O(6, 6), dr.Full()], [dr.Full(), dr.H2O(4, 10)]],
     "sink_h2o": [[dr.SinkH2O(2, 5, 6), dr.SinkWindow(3, 9)], [dr.Full(), dr.Full()]],
     "mixed": [[dr.SinkWindow(4, 16), dr.H2O(8, 8)], [dr.Full(), dr.SinkH2O(2, 6, 8)]],
-    "coded-h2o": [  # bounded heads in codes: their blocks hold the static group's rows of codes
+    "quantized-h2o": [  # bounded heads in codes: their blocks hold the static group's rows of codes
         [dr.H2O(6, 6, kv_bits=8, group=8), dr.Full()],
         [dr.SinkWindow(3, 9), dr.SinkH2O(2, 5, 6, kv_bits=4, group=8)],
     ],
-    "coded-full": [  # full heads in codes: codes in the pages, the residual in a ring among the slots
+    "quantized-full": [  # full heads in codes: codes in the pages, the residual in a ring among the slots
         [dr.Full(kv_bits=8, group=8, residual=16), dr.Full()],
         [dr.Full(kv_bits=4, group=8, residual=5), dr.SinkWindow(3, 9)],
     ],
@@ -173,17 +173,17 @@ def test_request_bytes_are_the_plans_analytic_size_with_page_rounding(tiny_llama
     for tokens in (1, 16, 17, 300):
         full = sum(not p.bounded for row in plan.policies for p in row)
         pages = -(-tokens // 16) * 16 * full * 2 * shape.head_dim * itemsize
-        bounded = sum(p.budget for row in plan.policies for p in row if p.bounded) * 2 * shape.head_dim * itemsize
+        bounded = sum(p.capacity for row in plan.policies for p in row if p.bounded) * 2 * shape.head_dim * itemsize
         assert pages + bounded <= cache.bytes_for(tokens) <= 1.05 * (pages + bounded) + 4096  # ranks, scores, alignment
         assert cache.bytes_for(tokens) <= plan.kv_bytes(tokens, 1, tiny_llama.dtype) * 1.05 + 16 * full * 512 + 4096
 
 
-def test_coded_bounded_heads_take_their_codes_bytes_in_the_pool(tiny_llama):
+def test_quantized_bounded_heads_take_their_codes_bytes_in_the_pool(tiny_llama):
     shape = dr.shape_of_config(tiny_llama.config)
     byte_sizes = {}
     for bits in (16, 4):
-        coded = {} if bits == 16 else {"kv_bits": 4, "group": 8}
-        plan = dr.uniform_plan(shape, dr.H2O(24, 24, **coded))
+        quantized = {} if bits == 16 else {"kv_bits": 4, "group": 8}
+        plan = dr.uniform_plan(shape, dr.H2O(24, 24, **quantized))
         with dr.apply(tiny_llama, plan):
             byte_sizes[bits] = tiny_llama.init_continuous_batching(gen(), config()).cache.bytes_for(100)
         assert byte_sizes[bits] <= plan.kv_bytes(100, 1, tiny_llama.dtype) * 1.05 + 4096  # ranks, scores, alignment

@@ -6,7 +6,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal_runtime.paged.pool_size import plain_block_bytes, plain_request_bytes, pool_blocks, pool_config
-from duocal_runtime.quant.codes import plain_bytes, quantized_bytes, token_coded_bytes
+from duocal_runtime.quant.codes import plain_bytes, quantized_bytes, token_quantized_bytes
 
 SHAPE = dr.ModelShape(num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2, head_dim=64)
 
@@ -14,12 +14,12 @@ SHAPE = dr.ModelShape(num_hidden_layers=3, num_attention_heads=8, num_key_value_
 def test_plain_bytes_are_keys_and_values_of_every_token():
     assert plain_bytes(10, 64, 2) == 2 * 10 * 64 * 2
     assert quantized_bytes(10, 64, 16, 32, 128, 2) == plain_bytes(10, 64, 2)
-    assert token_coded_bytes(10, 64, 16, 32, 2) == plain_bytes(10, 64, 2)
-    # 4-bit tokens coded alone: 32 bytes of codes + a scale and a zero per 32 channels (2 groups, 2 bytes each)
-    assert token_coded_bytes(10, 64, 4, 32, 2) == 2 * 10 * (32 + 2 * 2 * 2)
-    # 300 tokens, group 32, residual 128: 160 coded (5 groups), 140 in full precision
-    coded = 2 * 160 * 64 * 4 // 8 + 2 * 5 * 64 * 2 + 2 * 160 * 2 * 2
-    assert quantized_bytes(300, 64, 4, 32, 128, 2) == coded + plain_bytes(140, 64, 2)
+    assert token_quantized_bytes(10, 64, 16, 32, 2) == plain_bytes(10, 64, 2)
+    # 4-bit tokens quantized alone: 32 bytes of codes + a scale and a zero per 32 channels (2 groups, 2 bytes each)
+    assert token_quantized_bytes(10, 64, 4, 32, 2) == 2 * 10 * (32 + 2 * 2 * 2)
+    # 300 tokens, group 32, residual 128: 160 quantized (5 groups), 140 in full precision
+    quantized = 2 * 160 * 64 * 4 // 8 + 2 * 5 * 64 * 2 + 2 * 160 * 2 * 2
+    assert quantized_bytes(300, 64, 4, 32, 128, 2) == quantized + plain_bytes(140, 64, 2)
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ def test_plain_bytes_are_keys_and_values_of_every_token():
         (dr.Full(), lambda n: plain_bytes(n, 64, 2)),
         (dr.SinkWindow(sink=4, recent=60), lambda n: plain_bytes(min(n, 64), 64, 2)),
         (dr.H2O(heavy=32, recent=32), lambda n: plain_bytes(min(n, 64), 64, 2)),
-        (dr.H2O(heavy=32, recent=32, kv_bits=4), lambda n: token_coded_bytes(min(n, 64), 64, 4, 32, 2)),
+        (dr.H2O(heavy=32, recent=32, kv_bits=4), lambda n: token_quantized_bytes(min(n, 64), 64, 4, 32, 2)),
         (dr.Full(kv_bits=8), lambda n: quantized_bytes(n, 64, 8, 32, 128, 2)),
     ],
     ids=lambda p: getattr(p, "label", ""),

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
-from duocal_runtime.planning.plan import bounded_order
+from duocal_runtime.planning.head_order import bounded_order
 
 from helpers import random_profile
 

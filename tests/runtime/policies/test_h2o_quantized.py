@@ -9,7 +9,7 @@ from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
 from duocal_runtime.policies.base import Step, policy_from_dict
-from duocal_runtime.policies.h2o import H2OGroup
+from duocal_runtime.policies.heavy_hitters import H2OGroup
 from duocal_runtime.quant import attention as QA
 from duocal_runtime.quant import codes as Q
 
@@ -22,7 +22,7 @@ from runtime_models import (
     tiny_model,
 )
 
-CODED = [dr.H2O(5, 7, kv_bits=8, group=8), dr.SinkH2O(2, 5, 5, kv_bits=4, group=8)]
+QUANTIZED = [dr.H2O(5, 7, kv_bits=8, group=8), dr.SinkH2O(2, 5, 5, kv_bits=4, group=8)]
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -43,27 +43,27 @@ def test_token_codes_round_trip_within_half_a_step_in_the_counted_bytes(bits):
 def test_scores_and_outputs_read_from_token_codes_equal_those_over_their_values(bits, group):
     torch.manual_seed(2)
     keys, values, qg = torch.randn(2, 3, 40, 16), torch.randn(2, 3, 40, 16), torch.randn(2, 3, 4, 16)
-    coded_k, coded_v = (
+    quantized_k, quantized_v = (
         Q.token_rows(Q.encode_tokens(x, bits, group), bits, group, 16, torch.float32) for x in (keys, values)
     )
-    dense_k, dense_v = (Q.dequantize_values(c, bits, group, torch.float32) for c in (coded_k, coded_v))
-    torch.testing.assert_close(QA.token_key_scores(qg, coded_k, bits, group), qg @ dense_k.transpose(-1, -2))
+    dense_k, dense_v = (Q.dequantize_values(c, bits, group, torch.float32) for c in (quantized_k, quantized_v))
+    torch.testing.assert_close(QA.token_key_scores(qg, quantized_k, bits, group), qg @ dense_k.transpose(-1, -2))
     p = torch.softmax(qg @ dense_k.transpose(-1, -2), -1)
-    torch.testing.assert_close(QA.weighted_values(p, coded_v, bits, group), p @ dense_v)
+    torch.testing.assert_close(QA.weighted_values(p, quantized_v, bits, group), p @ dense_v)
 
 
 class DequantizedH2OGroup(H2OGroup):
     """The reference: a 16-bit h2o group whose stored keys and values are the codes' values."""
 
-    coded = True  # storage is not the tokens as they came: a pass attends to its own tokens as they came
+    stores_codes = True  # storage is not the tokens as they came: a pass attends to its own tokens as they came
 
     def _stored_form(self, x):
         p = self.policy
         return Q.decode_tokens(Q.encode_tokens(x, p.kv_bits, p.group), p.kv_bits, p.group, x.shape[-1], x.dtype)
 
 
-@pytest.mark.parametrize("policy", policy_matrix(names=("h2o", "sink_h2o"), coded=True))
-def test_coded_slots_attend_and_evict_as_over_their_dequantized_values(policy):
+@pytest.mark.parametrize("policy", policy_matrix(names=("h2o", "sink_h2o"), quantized=True))
+def test_quantized_slots_attend_and_evict_as_over_their_dequantized_values(policy):
     torch.manual_seed(1)
     b, g, rep, d = 2, 2, 2, 16
     groups = [policy.make_group([0, 1], rep), DequantizedH2OGroup(policy, [0, 1], rep)]
@@ -72,15 +72,15 @@ def test_coded_slots_attend_and_evict_as_over_their_dequantized_values(policy):
     for t in [20, 1, 1, 6, *[1] * 15]:
         q, k, v = torch.randn(b, g * rep, t, d), torch.randn(b, g, t, d), torch.randn(b, g, t, d)
         step = Step.make(seen, real, t, None, d**-0.5)
-        coded, reference = (group.attend(q, k, v, step) for group in groups)
-        torch.testing.assert_close(coded, reference, rtol=0, atol=1e-5)
+        quantized, reference = (group.attend(q, k, v, step) for group in groups)
+        torch.testing.assert_close(quantized, reference, rtol=0, atol=1e-5)
         assert all(groups[0].kept_ranks(r, h) == groups[1].kept_ranks(r, h) for r in range(b) for h in range(g))
         seen, real = seen + t, step.real_after
     assert groups[0].k.dtype == torch.uint8
 
 
-@pytest.mark.parametrize("policy", policy_matrix(names=("h2o", "sink_h2o"), coded=True))
-def test_static_coded_h2o_gives_the_dynamic_tokens_and_the_plans_bytes(policy):
+@pytest.mark.parametrize("policy", policy_matrix(names=("h2o", "sink_h2o"), quantized=True))
+def test_static_quantized_h2o_gives_the_dynamic_tokens_and_the_plans_bytes(policy):
     model = tiny_model("llama")
     shape = dr.shape_of_config(model.config)
     plan = dr.uniform_plan(shape, policy)
@@ -93,7 +93,7 @@ def test_static_coded_h2o_gives_the_dynamic_tokens_and_the_plans_bytes(policy):
     assert torch.equal(got, want)
     torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-5)
     per_slot = 2 * Q.token_code_bytes(shape.head_dim, policy.kv_bits, policy.group, 4)  # keys and values, fp32 scales
-    assert static.kv_bytes() == 2 * shape.num_kv_heads_total * policy.budget * per_slot  # batch of 2
+    assert static.kv_bytes() == 2 * shape.num_kv_heads_total * policy.capacity * per_slot  # batch of 2
     assert plan.kv_bytes(64, 2, "float32") == static.kv_bytes()
     sixteen = dr.uniform_plan(shape, dataclasses.replace(policy, kv_bits=16, group=32))
     assert plan.kv_bytes(64, 1, "bfloat16") <= sixteen.kv_bytes(64, 1, "bfloat16") * (
@@ -101,10 +101,12 @@ def test_static_coded_h2o_gives_the_dynamic_tokens_and_the_plans_bytes(policy):
     )
 
 
-def test_padded_decode_steps_and_a_follow_up_turn_on_coded_h2o():
+def test_padded_decode_steps_and_a_follow_up_turn_on_quantized_h2o():
     model = tiny_model("llama")
     shape = dr.shape_of_config(model.config)
-    plan = dr.Plan(shape, [[CODED[0], dr.Full(kv_bits=4, group=8, residual=8)], [CODED[1], dr.SinkWindow(3, 5)]])
+    plan = dr.Plan(
+        shape, [[QUANTIZED[0], dr.Full(kv_bits=4, group=8, residual=8)], [QUANTIZED[1], dr.SinkWindow(3, 5)]]
+    )
     ids, mask = left_padded_batch([14, 9])
     tokens, new_mask = padded_decode_steps(12, padded=(3, 4, 9))
     with dr.apply(model, plan) as runtime:
@@ -116,10 +118,12 @@ def test_padded_decode_steps_and_a_follow_up_turn_on_coded_h2o():
 
 
 @pytest.mark.slow
-def test_compiled_static_decode_over_coded_slots_gives_the_eager_tokens_without_graph_breaks():
+def test_compiled_static_decode_over_quantized_slots_gives_the_eager_tokens_without_graph_breaks():
     model = tiny_model("llama")
     shape = dr.shape_of_config(model.config)
-    plan = dr.Plan(shape, [[CODED[0], dr.Full(kv_bits=4, group=8, residual=8)], [CODED[1], dr.SinkWindow(3, 5)]])
+    plan = dr.Plan(
+        shape, [[QUANTIZED[0], dr.Full(kv_bits=4, group=8, residual=8)], [QUANTIZED[1], dr.SinkWindow(3, 5)]]
+    )
     ids, mask = left_padded_batch([14, 9])
     config = cpu_compile_config()
     with dr.apply(model, plan) as runtime:
@@ -133,7 +137,7 @@ def test_compiled_static_decode_over_coded_slots_gives_the_eager_tokens_without_
 
 def test_sixteen_bit_heavy_hitters_are_the_policies_they_were():
     assert dr.H2O(64, 64).to_dict() == {"policy": "h2o", "heavy": 64, "recent": 64}
-    assert dr.SinkH2O(4, 60, 64).budget == 128 and dr.H2O(64, 64).budget == 128
+    assert dr.SinkH2O(4, 60, 64).capacity == 128 and dr.H2O(64, 64).capacity == 128
     assert dr.H2O(5, 7, kv_bits=4, group=8).to_dict() == {
         "policy": "h2o",
         "heavy": 5,
@@ -141,8 +145,8 @@ def test_sixteen_bit_heavy_hitters_are_the_policies_they_were():
         "kv_bits": 4,
         "group": 8,
     }
-    assert policy_from_dict(CODED[1].to_dict()) == CODED[1]
-    assert CODED[1].label == "sink_h2o-kv4" and dr.H2O().label == "h2o"
+    assert policy_from_dict(QUANTIZED[1].to_dict()) == QUANTIZED[1]
+    assert QUANTIZED[1].label == "sink_h2o-kv4" and dr.H2O().label == "h2o"
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ class FirstAndRecent(dr.HeadPolicy):
     recent: int = 8
 
     @property
-    def budget(self) -> int:
+    def capacity(self) -> int:
         return 1 + self.recent
 
     def keeps(self, k_rank, real_total, score=None):

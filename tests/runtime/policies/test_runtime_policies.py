@@ -91,7 +91,7 @@ def test_stored_bytes_equal_the_analytic_size(policy, decode):
         assert cache.kv_bytes() == slots * per_token
         assert cache.kv_bytes() <= 1.27 * seen * per_token  # tiny contexts: at least 8 slots of slack
     else:
-        assert cache.kv_bytes() == min(seen, policy.budget) * per_token
+        assert cache.kv_bytes() == min(seen, policy.capacity) * per_token
     assert cache.kv_bytes() <= plan.kv_bytes(seen, batch=2, dtype="float32") * (1.27 if decode else 1)
 
 

@@ -38,7 +38,7 @@ def test_the_kept_set_is_the_selection_by_hand():
     for head in range(2):
         want = by_hand(q[0, 2 * head : 2 * head + 2], k[0, head], 6, 4, 0.3)
         assert group.kept_ranks(0, head) == want
-    assert group.stored_tokens() == policy.budget == 10
+    assert group.stored_tokens() == policy.capacity == 10
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
@@ -54,8 +54,8 @@ def test_generate_with_left_padding_holds_its_budget(static):
         got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, cache=cache)
     assert torch.equal(got, want)
     groups = [g for layer in range(2) for g in dynamic.head_groups(layer) if g.policy.name == "snapkv"]
-    assert all(g.stored_tokens() <= g.policy.budget + 1 for g in groups)  # +1: the decode step's new token
-    assert all(len(g.kept_ranks(row, 0)) == g.policy.budget for g in groups for row in (0, 1))
+    assert all(g.stored_tokens() <= g.policy.capacity + 1 for g in groups)  # +1: the decode step's new token
+    assert all(len(g.kept_ranks(row, 0)) == g.policy.capacity for g in groups for row in (0, 1))
 
 
 def test_snapkv_through_continuous_batching_equals_generate():

@@ -22,7 +22,7 @@ def test_import_clips_and_records_provenance(tmp_path):
     assert profile.model.name_or_path == "mistralai/Mistral-7B-Instruct-v0.2"
     assert profile.source["kind"] == "upstream" and profile.source["commit"] == "abc"
     assert profile.source["training"]["sink_size"] == 128 and profile.source["training"]["recent_size"] == 256
-    assert profile.deploy.window == dr.SinkWindow(64, 256)
+    assert profile.deploy.sink_window == dr.SinkWindow(64, 256)
 
 
 def test_unknown_model_needs_config(tmp_path):

@@ -11,7 +11,7 @@ from duocal_runtime.quant import hf_baselines as H
 @pytest.mark.parametrize("row, bits", [("hqq8", 8), ("hqq4", 4)])
 def test_hqq_rows_code_the_history_and_their_bytes_are_codes_scales_and_zero_points(tiny_llama, row, bits):
     config = tiny_llama.config
-    tokens, extra = 400, 20  # the prompt is coded whole (beyond the residual); 20 decoded tokens stay in fp32
+    tokens, extra = 400, 20  # the prompt is quantized whole (beyond the residual); 20 decoded tokens stay in fp32
     ids = torch.randint(0, config.vocab_size, (1, tokens + extra))
     cache = H.quantized_cache(row, config)
     with torch.no_grad():
@@ -25,12 +25,12 @@ def test_hqq_rows_code_the_history_and_their_bytes_are_codes_scales_and_zero_poi
     )
     head_dim = config.hidden_size // config.num_attention_heads
     values = config.num_key_value_heads * head_dim  # per token, per layer, keys or values
-    coded = tokens * values * bits // 8 + 2 * (tokens * values // H.GROUP) * 4  # codes + fp32 scale and zero
+    quantized = tokens * values * bits // 8 + 2 * (tokens * values // H.GROUP) * 4  # codes + fp32 scale and zero
     residual = extra * values * 4
-    assert H.cache_bytes(cache) == config.num_hidden_layers * 2 * (coded + residual)
+    assert H.cache_bytes(cache) == config.num_hidden_layers * 2 * (quantized + residual)
     error = (logits - plain).abs().max().item()
     scale = plain.abs().max().item()
-    assert 0 < error < (0.03 if bits == 8 else 0.3) * scale  # coded, and close to the model without codes
+    assert 0 < error < (0.03 if bits == 8 else 0.3) * scale  # quantized, and close to the model without codes
 
 
 def test_unknown_rows_and_missing_backends_are_refused(tiny_llama, monkeypatch):

@@ -73,7 +73,7 @@ def reference_attention(q, keys, values, visible, scaling):
 
 
 def test_blocked_attention_equals_attention_over_the_dequantized_cache(monkeypatch):
-    monkeypatch.setattr(QA, "CODED_BLOCK", 32)  # three blocks of history, the last one short
+    monkeypatch.setattr(QA, "QUANTIZED_BLOCK", 32)  # three blocks of history, the last one short
     torch.manual_seed(3)
     b, g, r, d, n, m, t = 2, 2, 3, 16, 80, 20, 4
     k_hist, v_hist = torch.randn(b, g, n, d), torch.randn(b, g, n, d)
@@ -103,15 +103,15 @@ def test_group_attends_as_the_reference_across_prefill_chunks_and_decode_steps(m
     seen, real = 0, torch.zeros(b, dtype=torch.long)
     for t in (20, 13, 1, 1, 1, 8, 1, 1):
         q, k, v = torch.randn(b, g * 2, t, d), all_k[:, :, seen : seen + t], all_v[:, :, seen : seen + t]
-        coded = Q.quantized_tokens(seen, 8, 10)  # what the passes before this one moved into codes
+        quantized = Q.quantized_tokens(seen, 8, 10)  # what the passes before this one moved into codes
         keys, values = all_k[:, :, : seen + t].clone(), all_v[:, :, : seen + t].clone()
-        if coded:
-            valid = pad[:, :coded]
-            keys[:, :, :coded] = Q.dequantize_keys(
-                Q.quantize_keys(keys[:, :, :coded], 4, 8, valid), 4, 8, torch.float32
+        if quantized:
+            valid = pad[:, :quantized]
+            keys[:, :, :quantized] = Q.dequantize_keys(
+                Q.quantize_keys(keys[:, :, :quantized], 4, 8, valid), 4, 8, torch.float32
             )
-            values[:, :, :coded] = Q.dequantize_values(
-                Q.quantize_values(values[:, :, :coded], 4, 8), 4, 8, torch.float32
+            values[:, :, :quantized] = Q.dequantize_values(
+                Q.quantize_values(values[:, :, :quantized], 4, 8), 4, 8, torch.float32
             )
         causal = torch.arange(seen + t)[None, :] <= (seen + torch.arange(t))[:, None]
         visible = causal[None, None] & pad[:, None, None, : seen + t]

@@ -24,7 +24,7 @@ def quantized_plan(model, bits, group=8, residual=8, streaming=False) -> dr.Plan
     ids=["residual-a-group", "residual-not-a-multiple-beside-a-window", "no-residual"],
 )
 def test_static_quantized_cache_gives_the_dynamic_cache_tokens(bits, group, residual, streaming):
-    """Groups are coded during decode (30 prompt tokens, 30 new, groups of 4-8): static = dynamic."""
+    """Groups are quantized during decode (30 prompt tokens, 30 new, groups of 4-8): static = dynamic."""
     model = tiny_model("llama")
     ids, mask = left_padded_batch([30, 19])
     with dr.apply(model, quantized_plan(model, bits, group, residual, streaming)) as runtime:
@@ -72,9 +72,11 @@ def test_static_quantized_cache_holds_codes_for_max_length_and_a_ring(bits):
         cache = runtime.new_cache(max_length=max_length)
         greedy(model, ids, mask, cache, 4)
     d, fp32 = shape.head_dim, 4
-    coded = Q.quantized_tokens(max_length, group, residual) + group  # one spare group
-    codes = 2 * coded * d * bits // 8
-    scales = 2 * (coded // group) * d * fp32 + 2 * coded * (d // group) * fp32  # keys per channel, values per token
+    quantized = Q.quantized_tokens(max_length, group, residual) + group  # one spare group
+    codes = 2 * quantized * d * bits // 8
+    scales = (
+        2 * (quantized // group) * d * fp32 + 2 * quantized * (d // group) * fp32
+    )  # keys per channel, values per token
     ring = 2 * (residual + group) * d * fp32
     per_head = codes + scales + ring
     assert cache.kv_bytes() == 2 * shape.num_key_value_heads * shape.num_hidden_layers * per_head  # batch of 2

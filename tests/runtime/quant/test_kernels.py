@@ -1,4 +1,4 @@
-"""The C kernels of coded decode attention: the same sums as the torch path, built once, refused cleanly."""
+"""The C kernels of quantized decode attention: the same sums as the torch path, built once, refused cleanly."""
 
 import hashlib
 import os
@@ -19,7 +19,7 @@ from duocal_runtime.quant import kernels as CK
 needs_kernels = pytest.mark.skipif(CK.library() is None, reason="no C compiler here (the torch path is tested)")
 
 
-def coded_history(b, g, n, d, bits, group, dtype=torch.float32, seed=0):
+def quantized_history(b, g, n, d, bits, group, dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
     k, v = torch.randn(b, g, n, d, dtype=dtype) * 2, torch.randn(b, g, n, d, dtype=dtype)
     return Q.quantize_keys(k, bits, group), Q.quantize_values(v, bits, group)
@@ -45,7 +45,7 @@ def reference(q, history, rk, rv, visible, scaling, bits, group):
 )
 def test_the_kernel_equals_attention_over_the_dequantized_history(d, bits, group):
     b, g, r, n, m = 2, 2, 4, 8 * group, 24
-    history = coded_history(b, g, n, d, bits, group)
+    history = quantized_history(b, g, n, d, bits, group)
     rk, rv, q = torch.randn(b, g, m, d), torch.randn(b, g, m, d), torch.randn(b, g * r, 1, d) * 3
     visible = torch.ones(b, n, dtype=torch.bool)
     visible[1, : group + 5] = False  # row 1 left padded, into its second group
@@ -64,7 +64,7 @@ def test_the_kernel_equals_attention_over_the_dequantized_history(d, bits, group
 @needs_kernels
 def test_the_kernel_reads_strided_slices_bf16_scales_and_a_row_with_no_visible_history():
     b, g, r, d, n, m = 2, 3, 2, 64, 256, 8
-    full = coded_history(b, g, 2 * n, d, 4, 32, dtype=torch.bfloat16, seed=1)
+    full = quantized_history(b, g, 2 * n, d, 4, 32, dtype=torch.bfloat16, seed=1)
     history = (Q.token_slice(full[0], 64, 64 + n, 32, True), Q.token_slice(full[1], 64, 64 + n, 32, False))
     assert not history[0].codes.is_contiguous()
     rk, rv = torch.randn(b, g, m, d, dtype=torch.bfloat16), torch.randn(b, g, m, d, dtype=torch.bfloat16)
@@ -119,7 +119,7 @@ def test_the_key_scores_kernel_equals_scores_over_the_dequantized_keys(n, d, bit
 @needs_kernels
 def test_threads_split_heads_and_give_the_same_result(monkeypatch):
     monkeypatch.setattr(CK, "TOKENS_PER_THREAD", 64)
-    history = coded_history(1, 4, 512, 64, 4, 32, seed=3)
+    history = quantized_history(1, 4, 512, 64, 4, 32, seed=3)
     qg = torch.randn(1, 4, 4, 64)
     one = CK.attend(qg, *history, None, 4, 32)
     threads = torch.get_num_threads()
@@ -133,16 +133,16 @@ def test_threads_split_heads_and_give_the_same_result(monkeypatch):
 
 
 def test_shapes_outside_the_kernel_use_torch():
-    history = coded_history(1, 1, 64, 24, 8, 8)  # head_dim 24 is not a multiple of 16
+    history = quantized_history(1, 1, 64, 24, 8, 8)  # head_dim 24 is not a multiple of 16
     assert CK.attend(torch.randn(1, 1, 2, 24), *history, None, 8, 8) is None
-    history = coded_history(1, 1, 64, 64, 4, 32)
+    history = quantized_history(1, 1, 64, 64, 4, 32)
     assert CK.attend(torch.randn(1, 1, CK.MAX_ROWS + 1, 64), *history, None, 4, 32) is None  # a prefill block
     assert CK.attend(torch.randn(1, 1, 2, 64, requires_grad=True), *history, None, 4, 32) is None  # no backward
 
 
 STUB = """
 #include <stdint.h>
-void duocal_coded_attention(void) {}
+void duocal_quantized_attention(void) {}
 void duocal_weighted_values(void) {}
 void duocal_token_scores(void) {}
 """
@@ -186,7 +186,7 @@ def test_without_a_compiler_the_torch_path_answers_and_says_why(fresh_library, m
     monkeypatch.setenv("CC", "no-such-compiler")
     with pytest.warns(UserWarning, match="no C compiler 'no-such-compiler'.*set CC"):
         assert CK.library() is None
-    history = coded_history(1, 2, 64, 64, 4, 32)
+    history = quantized_history(1, 2, 64, 64, 4, 32)
     q, rk, rv = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 8, 64), torch.randn(1, 2, 8, 64)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once, not on every call

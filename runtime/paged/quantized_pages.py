@@ -1,12 +1,12 @@
-"""Where coded full heads (`full(kv_bits=8|4)`) live in a full-head page, and how their codes are read and written.
+"""Where quantized full heads (`full(kv_bits=8|4)`) live in a full-head page, and how their codes are read and written.
 
-A page holds `page_size` tokens of every layer (pages.py). For each coded group of a layer it also
+A page holds `page_size` tokens of every layer (pages.py). For each quantized group of a layer it also
 holds, row for row with the page's tokens, the key and value codes and the values' scales and zero
 points (one per token and group of channels), and the keys' scales and zero points once per group
 of `group` tokens (so a page size must be a multiple of the group). Tokens still in the
-full-precision residual have their rows allocated but coded only when their group is due; the
+full-precision residual have their rows allocated but quantized only when their group is due; the
 residual itself is a ring of `residual + group` slots among the request's bounded slots, as the
-static coded group keeps it (`ring_state`).
+static quantized group keeps it (`ring_state`).
 """
 
 from __future__ import annotations
@@ -28,36 +28,36 @@ def aligned(n: int, to: int = ALIGN) -> int:
 
 
 def page_size_for(plan, least: int = 16) -> int:
-    """The smallest multiple of `least` tokens that holds whole groups of the plan's coded full heads."""
-    return lcm(least, *(p.group for p in coded_policies(plan)))
+    """The smallest multiple of `least` tokens that holds whole groups of the plan's quantized full heads."""
+    return lcm(least, *(p.group for p in quantized_policies(plan)))
 
 
 def check_page_holds_groups(policy, page: int) -> None:
     if page % policy.group:
         raise PlanError(
-            f"a page of {page} tokens does not hold whole groups of {policy.group} tokens of the coded full heads "
+            f"a page of {page} tokens does not hold whole groups of {policy.group} tokens of the quantized full heads "
             f"({policy.label}); set the page size (page_size / --page-size) to a multiple of {policy.group}"
         )
 
 
-def coded_policies(plan) -> list:
+def quantized_policies(plan) -> list:
     return [p for row in plan.policies for p in row if not p.bounded and p.quantized]
 
 
 def ring_key(group: int) -> str:
-    """The bounded-slot key (beside the layer) of a coded group's residual ring."""
+    """The bounded-slot key (beside the layer) of a quantized group's residual ring."""
     return f"ring{group}"
 
 
 def ring_state(policy, heads: int, head_dim: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """One request's residual ring of a coded group: keys and values of `residual + group` slots."""
+    """One request's residual ring of a quantized group: keys and values of `residual + group` slots."""
     ring = torch.zeros(1, heads, policy.residual + policy.group, head_dim, dtype=dtype)
     return {"k": ring, "v": ring.clone()}
 
 
 @dataclass(frozen=True)
 class PageField:
-    """One part of one coded group inside every page: `rows` rows of [heads, width] at `offset` bytes."""
+    """One part of one quantized group inside every page: `rows` rows of [heads, width] at `offset` bytes."""
 
     layer: int
     group: int
@@ -73,11 +73,11 @@ class PageField:
         return aligned(self.rows * self.heads * self.width * self.dtype.itemsize)
 
 
-def coded_page_fields(coded: list[list[tuple]], head_dim: int, dtype: torch.dtype, page: int, start: int):
-    """Fields of every layer's coded groups (`coded[l]` = [(policy, KV heads)]) from byte `start` of a
+def quantized_page_fields(quantized: list[list[tuple]], head_dim: int, dtype: torch.dtype, page: int, start: int):
+    """Fields of every layer's quantized groups (`quantized[l]` = [(policy, KV heads)]) from byte `start` of a
     page: (fields, the byte where they end)."""
     fields, offset = [], start
-    for layer, groups in enumerate(coded):
+    for layer, groups in enumerate(quantized):
         for g, (policy, heads) in enumerate(groups):
             check_page_holds_groups(policy, page)
             packed = head_dim * policy.kv_bits // 8
@@ -108,7 +108,7 @@ def page_views(fields: list[PageField], cache_tensor: torch.Tensor, block_bytes:
 
 
 class PagedCodes:
-    """A coded group's codes in the pool: read and written by the rows of their tokens."""
+    """A quantized group's codes in the pool: read and written by the rows of their tokens."""
 
     def __init__(self, views: dict[str, torch.Tensor], page: int, group: int):
         self.views, self.page, self.group = views, page, group

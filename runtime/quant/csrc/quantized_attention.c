@@ -1,13 +1,13 @@
 /* Decode attention over KIVI codes on the CPU, read straight from the codes (never dequantized
- * into a buffer). Built and loaded by coded_kernels.py (`cc -O3 -march=native`); the torch path in
+ * into a buffer). Built and loaded by kernels.py (`cc -O3 -march=native`); the torch path in
  * quantized_attention.py computes the same sums and is what the tests compare these with.
  *
- * duocal_coded_attention: softmax(q . keys) over the coded history, as the running max, the sum
+ * duocal_quantized_attention: softmax(q . keys) over the quantized history, as the running max, the sum
  *   of exp(score - max) and the unnormalized weighted values per query row, which the caller folds
- *   with its full-precision residual. Keys coded per channel over groups of tokens, values per
+ *   with its full-precision residual. Keys quantized per channel over groups of tokens, values per
  *   token over groups of channels; 8 tokens at a time, scores, softmax and values in registers.
- * duocal_weighted_values: p @ values for values coded per token (H2O slots).
- * duocal_token_scores: q . keys for keys coded per token, as values are (H2O slots).
+ * duocal_weighted_values: p @ values for values quantized per token (H2O slots).
+ * duocal_token_scores: q . keys for keys quantized per token, as values are (H2O slots).
  *
  * Layouts (fp32 unless said): q [B, G, R, D] (scaled) and p [B, G, R, n] contiguous; codes uint8
  * rows of D * bits / 8 bytes (4 bits: channel i in the low nibble of byte i, channel i + D/2 in
@@ -15,7 +15,7 @@
  * D / group per token (keys too, in duocal_token_scores); strides (b, g, token) in elements, the
  * last axis contiguous; the mask uint8 [B, n] (1 = visible, batch stride mask_b) or NULL; scores
  * out [B, G, R, n]. Needs D % 16 == 0, D <= 256, group % 8 == 0,
- * R <= 64, and n % group == 0 for coded keys.
+ * R <= 64, and n % group == 0 for quantized keys.
  */
 #include <math.h>
 #include <pthread.h>
@@ -30,11 +30,11 @@ typedef struct {
     const uint8_t *codes;
     const float *scale, *zero;
     int64_t cs[3], ss[3], zs[3]; /* strides of codes, scale, zero: b, g, token (or token group) */
-} Coded;
+} Codes;
 
 typedef struct {
     const float *x; /* q (attention) or p (weighted values) */
-    Coded k, v;
+    Codes k, v;
     const uint8_t *mask;
     int64_t mask_b;
     float *out, *max, *sum;
@@ -42,13 +42,13 @@ typedef struct {
     int64_t first, last; /* heads b * G + g in [first, last) */
 } Job;
 
-static inline const uint8_t *code_row(const Coded *c, int64_t b, int64_t g, int64_t t) {
+static inline const uint8_t *code_row(const Codes *c, int64_t b, int64_t g, int64_t t) {
     return c->codes + b * c->cs[0] + g * c->cs[1] + t * c->cs[2];
 }
 
 /* acc[r] += sum over `count` tokens from t0 of p[r][k] * (codes[t] * scale[t] + zero[t]) per channel
  * group; p[r] holds the tile's probabilities (row stride p_r, token k at p[r * p_r + k]) */
-static inline __attribute__((always_inline)) void value_tile(const Coded *v, int64_t b, int64_t g, int64_t t0, const int64_t count,
+static inline __attribute__((always_inline)) void value_tile(const Codes *v, int64_t b, int64_t g, int64_t t0, const int64_t count,
                                                              const float *p, int64_t p_r, int64_t R, v8f acc[MAXR][MAXV],
                                                              float zacc[MAXR][MAXV], const int64_t D, const int64_t bits,
                                                              const int64_t group) {
@@ -104,7 +104,7 @@ static void store_rows(float *out, int64_t R, int64_t D, int64_t group, v8f acc[
 }
 
 /* scores of a tile of 8 tokens for every row: q[r] . (codes[t] * scale + zero) = qs[r] . codes[t] + qz[r] */
-static inline __attribute__((always_inline)) void score_tile(const Coded *k, int64_t b, int64_t g, int64_t t0, int64_t R,
+static inline __attribute__((always_inline)) void score_tile(const Codes *k, int64_t b, int64_t g, int64_t t0, int64_t R,
                                                              v8f qs[MAXR][MAXV], const float *qz, v8f *scores,
                                                              const int64_t nv, const int64_t bits) {
     v8f c[TILE][MAXV], acc[TILE];
@@ -117,7 +117,7 @@ static inline __attribute__((always_inline)) void score_tile(const Coded *k, int
     }
 }
 
-/* one KV head: running softmax of its rows over every coded token */
+/* one KV head: running softmax of its rows over every quantized token */
 static inline __attribute__((always_inline)) void attend_head(const Job *j, int64_t h, const int64_t D, const int64_t bits, const int64_t group) {
     const int64_t nv = D / 8, R = j->R, b = h / j->G, g = h % j->G;
     const float *q = j->x + h * R * D;
@@ -204,7 +204,7 @@ static inline __attribute__((always_inline)) void value_head(const Job *j, int64
 }
 
 /* a token's codes scaled per channel group: codes * scale, the zero point left to the caller */
-static inline __attribute__((always_inline)) void scaled_row(const Coded *k, int64_t b, int64_t g, int64_t t, v8f *c,
+static inline __attribute__((always_inline)) void scaled_row(const Codes *k, int64_t b, int64_t g, int64_t t, v8f *c,
                                                              const int64_t nv, const int64_t bits, const int64_t group) {
     const float *s = k->scale + b * k->ss[0] + g * k->ss[1] + t * k->ss[2];
     unpack(code_row(k, b, g, t), nv, bits, c);
@@ -295,31 +295,31 @@ static void run(void *(*work)(void *), Job job, int64_t threads) {
     }
 }
 
-static Coded coded(const uint8_t *codes, const float *scale, const float *zero, const int64_t *strides) {
-    Coded c = {codes, scale, zero, {strides[0], strides[1], strides[2]}, {strides[3], strides[4], strides[5]},
+static Codes codes_of(const uint8_t *codes, const float *scale, const float *zero, const int64_t *strides) {
+    Codes c = {codes, scale, zero, {strides[0], strides[1], strides[2]}, {strides[3], strides[4], strides[5]},
                {strides[6], strides[7], strides[8]}};
     return c;
 }
 
 /* strides: codes, scale, zero (b, g, token) of keys then of values */
-void duocal_coded_attention(const float *q, const uint8_t *kc, const float *ks, const float *kz, const uint8_t *vc,
+void duocal_quantized_attention(const float *q, const uint8_t *kc, const float *ks, const float *kz, const uint8_t *vc,
                             const float *vs, const float *vz, const int64_t *strides, const uint8_t *mask, int64_t mask_b,
                             float *out, float *max, float *sum, int64_t B, int64_t G, int64_t R, int64_t D, int64_t n,
                             int64_t bits, int64_t group, int64_t threads) {
-    Job job = {q, coded(kc, ks, kz, strides), coded(vc, vs, vz, strides + 9), mask, mask_b, out, max, sum, B, G, R, D, n, bits, group, 0, 0};
+    Job job = {q, codes_of(kc, ks, kz, strides), codes_of(vc, vs, vz, strides + 9), mask, mask_b, out, max, sum, B, G, R, D, n, bits, group, 0, 0};
     run(attend_job, job, threads);
 }
 
 void duocal_weighted_values(const float *p, const uint8_t *vc, const float *vs, const float *vz, const int64_t *strides,
                             float *out, int64_t B, int64_t G, int64_t R, int64_t D, int64_t n, int64_t bits, int64_t group,
                             int64_t threads) {
-    Job job = {p, {0}, coded(vc, vs, vz, strides), NULL, 0, out, NULL, NULL, B, G, R, D, n, bits, group, 0, 0};
+    Job job = {p, {0}, codes_of(vc, vs, vz, strides), NULL, 0, out, NULL, NULL, B, G, R, D, n, bits, group, 0, 0};
     run(value_job, job, threads);
 }
 
 void duocal_token_scores(const float *q, const uint8_t *kc, const float *ks, const float *kz, const int64_t *strides,
                          float *out, int64_t B, int64_t G, int64_t R, int64_t D, int64_t n, int64_t bits, int64_t group,
                          int64_t threads) {
-    Job job = {q, coded(kc, ks, kz, strides), {0}, NULL, 0, out, NULL, NULL, B, G, R, D, n, bits, group, 0, 0};
+    Job job = {q, codes_of(kc, ks, kz, strides), {0}, NULL, 0, out, NULL, NULL, B, G, R, D, n, bits, group, 0, 0};
     run(token_score_job, job, threads);
 }

@@ -1,4 +1,4 @@
-"""Coded full heads (`full(kv_bits=8|4)`) in continuous batching: codes in the pages, the residual in a
+"""Quantized full heads (`full(kv_bits=8|4)`) in continuous batching: codes in the pages, the residual in a
 ring among the bounded slots; the tokens of duocal's own generate(), the bytes of the codes."""
 
 import pytest
@@ -10,7 +10,7 @@ from duocal_runtime.paged.paged_cache import pool_summary
 
 from runtime_models import tiny_model
 
-CODED = [  # layer 0 / layer 1 of a 2-layer, 2-KV-head model (head_dim 16)
+QUANTIZED = [  # layer 0 / layer 1 of a 2-layer, 2-KV-head model (head_dim 16)
     [dr.Full(kv_bits=8, group=8, residual=16), dr.Full()],
     [dr.Full(kv_bits=4, group=8, residual=5), dr.SinkWindow(3, 9)],
 ]
@@ -20,16 +20,16 @@ SIXTEEN_BIT = [[dr.Full(), dr.Full()], [dr.Full(), dr.SinkWindow(3, 9)]]
 def test_batched_tokens_equal_generate_and_read_the_codes(tiny_llama):
     shape, batch = dr.shape_of_config(tiny_llama.config), prompts([5, 40, 130, 23, 300])
     with dr.apply(tiny_llama, dr.Plan(shape, SIXTEEN_BIT)) as runtime:
-        uncoded = [alone(tiny_llama, runtime, p, new=30) for p in batch]
-    with dr.apply(tiny_llama, dr.Plan(shape, CODED)) as runtime:
+        plain = [alone(tiny_llama, runtime, p, new=30) for p in batch]
+    with dr.apply(tiny_llama, dr.Plan(shape, QUANTIZED)) as runtime:
         want = [alone(tiny_llama, runtime, p, new=30) for p in batch]
         got = tiny_llama.generate_batch(inputs=batch, generation_config=gen(30), continuous_batching_config=config())
     assert [r.generated_tokens for r in got.values()] == want
-    assert want != uncoded  # the codes are what was read: 16-bit storage answers otherwise
+    assert want != plain  # the codes are what was read: 16-bit storage answers otherwise
 
 
 def test_a_prompt_split_across_passes_equals_duocals_chunked_prefill(tiny_llama):
-    plan, prompt = dr.Plan(dr.shape_of_config(tiny_llama.config), CODED), prompts([300])[0]
+    plan, prompt = dr.Plan(dr.shape_of_config(tiny_llama.config), QUANTIZED), prompts([300])[0]
     with dr.apply(tiny_llama, plan, prefill_chunk_size=64) as runtime:
         want = alone(tiny_llama, runtime, prompt, new=20)
     with dr.apply(tiny_llama, plan):
@@ -40,7 +40,7 @@ def test_a_prompt_split_across_passes_equals_duocals_chunked_prefill(tiny_llama)
 
 
 def test_requests_that_join_while_others_decode_get_their_own_codes(tiny_llama):
-    plan, batch = dr.Plan(dr.shape_of_config(tiny_llama.config), CODED), prompts([90, 12, 150, 33], seed=5)
+    plan, batch = dr.Plan(dr.shape_of_config(tiny_llama.config), QUANTIZED), prompts([90, 12, 150, 33], seed=5)
     with dr.apply(tiny_llama, plan) as runtime:
         want = [alone(tiny_llama, runtime, p, new=24) for p in batch]
         manager = tiny_llama.init_continuous_batching(gen(24), config())
@@ -53,7 +53,7 @@ def test_requests_that_join_while_others_decode_get_their_own_codes(tiny_llama):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_a_coded_request_holds_the_plans_analytic_bytes(tiny_llama, bits):
+def test_a_quantized_request_holds_the_plans_analytic_bytes(tiny_llama, bits):
     shape = dr.shape_of_config(tiny_llama.config)
     plan = dr.uniform_plan(shape, dr.Full(kv_bits=bits, group=16, residual=32))
     with dr.apply(tiny_llama, plan):
@@ -69,7 +69,7 @@ def test_a_coded_request_holds_the_plans_analytic_bytes(tiny_llama, bits):
     assert cache.bytes_for(1000) <= 1.05 * plan.kv_bytes(1000, 1, tiny_llama.dtype) + ring
 
 
-def test_the_pool_holds_more_coded_requests(tiny_llama):
+def test_the_pool_holds_more_quantized_requests(tiny_llama):
     shape, held = dr.shape_of_config(tiny_llama.config), {}
     for bits in (16, 8, 4):
         plan = dr.uniform_plan(shape, dr.Full.storing(bits, group=16))
@@ -91,7 +91,7 @@ def test_a_page_that_splits_a_code_group_is_refused_with_the_size_to_use(tiny_ll
 
 def test_bf16_codes_in_pages_equal_generate():
     model = tiny_model("llama", dtype=torch.bfloat16)
-    plan, batch = dr.Plan(dr.shape_of_config(model.config), CODED), prompts([60, 200])
+    plan, batch = dr.Plan(dr.shape_of_config(model.config), QUANTIZED), prompts([60, 200])
     with dr.apply(model, plan) as runtime:
         want = [alone(model, runtime, p, new=16) for p in batch]
         got = model.generate_batch(inputs=batch, generation_config=gen(16), continuous_batching_config=config())

@@ -1,10 +1,10 @@
-"""Attention of a layer's coded full heads (`full(kv_bits=8|4)`) over one continuous-batching pass.
+"""Attention of a layer's quantized full heads (`full(kv_bits=8|4)`) over one continuous-batching pass.
 
 A request's codes sit in its full-head pages by the rows of their tokens, its full-precision
-residual in a ring among its bounded slots (coded_pages.py). A decode pass attends every request
+residual in a ring among its bounded slots (quantized_pages.py). A decode pass attends every request
 at once: codes gathered from their rows and padded to the longest history (masked), the ring with
-the new token written to its slot, as the static coded group decodes; then each request whose
-next group fell due codes it from the ring into its rows. A prefill chunk runs the dynamic coded
+the new token written to its slot, as the static quantized group decodes; then each request whose
+next group fell due codes it from the ring into its rows. A prefill chunk runs the dynamic quantized
 group per request on its gathered history and residual in order (the same numbers as
 `model.generate()`), then writes the codes it made to their rows and what stays in full
 precision back to the ring. A prompt split across passes attends to the codes of its earlier
@@ -19,20 +19,20 @@ from ..policies.base import Step
 from ..policies.full_quantized import QuantizedFullGroup
 from ..quant import codes as Q
 from ..quant.attention import quantized_attention
-from .coded_pages import PagedCodes, ring_key
+from .quantized_pages import PagedCodes, ring_key
 
 
-class CodedPass:
-    """One coded group of one layer in one pass: its codes in the pages, its rings in the slots."""
+class QuantizedPass:
+    """One quantized group of one layer in one pass: its codes in the pages, its rings in the slots."""
 
     def __init__(self, layer, g: int, policy, kv_heads):
         cache, self.step, self.policy, self.kv_heads = layer.cache, layer.step, policy, kv_heads
         pages = cache.cache_allocators["full_attention"]
-        self.codes = PagedCodes(pages.coded_views[(layer.layer, g)], pages.tokens_per_page, policy.group)
+        self.codes = PagedCodes(pages.quantized_views[(layer.layer, g)], pages.tokens_per_page, policy.group)
         self.rings = cache.cache_allocators["sliding_attention"].views[(layer.layer, ring_key(g))]
         self.rep, self.size = cache.rep, policy.residual + policy.group
 
-    def coded(self, tokens: int) -> int:
+    def quantized(self, tokens: int) -> int:
         return Q.quantized_tokens(tokens, self.policy.group, self.policy.residual)
 
     def rows(self, requests: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -55,33 +55,33 @@ class CodedPass:
         p, device, past = self.policy, q.device, self.step.past
         requests = torch.arange(len(past), device=device)
         position = torch.tensor(past, device=device)
-        coded = torch.tensor([self.coded(n) for n in past], device=device)
+        quantized = torch.tensor([self.quantized(n) for n in past], device=device)
         blocks = self.ring_blocks(requests)
         ring_k, ring_v = self.load_rings(blocks)
         slot = position % self.size
         ring_k[requests, :, slot] = k[0].transpose(0, 1)
         ring_v[requests, :, slot] = v[0].transpose(0, 1)
-        history, history_mask, longest = None, None, int(coded.max())
+        history, history_mask, longest = None, None, int(quantized.max())
         if longest:
             tokens = torch.arange(longest, device=device)
             history = self.codes.read(self.rows(requests, torch.minimum(tokens, position[:, None])))
-            history_mask = (tokens < coded[:, None])[:, None, None, :]
+            history_mask = (tokens < quantized[:, None])[:, None, None, :]
         held = position[:, None] - (position[:, None] - torch.arange(self.size, device=device)) % self.size
-        masks = (history_mask, (held >= coded[:, None])[:, None, None, :])
+        masks = (history_mask, (held >= quantized[:, None])[:, None, None, :])
         query = q[0].transpose(0, 1)[:, :, None]  # [B, G*R, 1, D]
         out = quantized_attention(query, history, ring_k, ring_v, masks, scaling, p.kv_bits, p.group)
-        self.code_due_groups(past, coded, ring_k, ring_v)
+        self.code_due_groups(past, quantized, ring_k, ring_v)
         self.store_rings(blocks, ring_k, ring_v)
         return out[:, :, 0].transpose(0, 1)[None]
 
-    def code_due_groups(self, past: list[int], coded: torch.Tensor, ring_k, ring_v) -> None:
+    def code_due_groups(self, past: list[int], quantized: torch.Tensor, ring_k, ring_v) -> None:
         """Code the group after each request's codes where this step's token made it due."""
         p = self.policy
-        due = [i for i, n in enumerate(past) if self.coded(n + 1) > self.coded(n)]
+        due = [i for i, n in enumerate(past) if self.quantized(n + 1) > self.quantized(n)]
         if not due:
             return
-        requests = torch.tensor(due, device=coded.device)
-        positions = coded[requests, None] + torch.arange(p.group, device=coded.device)  # [due, group]
+        requests = torch.tensor(due, device=quantized.device)
+        positions = quantized[requests, None] + torch.arange(p.group, device=quantized.device)  # [due, group]
         slots = positions % self.size
         keys = ring_k[requests[:, None], :, slots].transpose(1, 2)  # [due, G, group, D]
         values = ring_v[requests[:, None], :, slots].transpose(1, 2)
@@ -118,9 +118,9 @@ class CodedPass:
         return out
 
     def restored_group(self, request, past: int, ring_k, ring_v) -> QuantizedFullGroup:
-        """The dynamic coded group as `generate()` would hold it after `past` tokens of this request."""
+        """The dynamic quantized group as `generate()` would hold it after `past` tokens of this request."""
         group = QuantizedFullGroup(self.policy, self.kv_heads, self.rep)
-        group.quantized = self.coded(past)
+        group.quantized = self.quantized(past)
         if group.quantized:
             keys, values = self.codes.read(
                 self.rows(request, torch.arange(group.quantized, device=ring_k.device)[None])
@@ -132,9 +132,9 @@ class CodedPass:
         return group
 
 
-def attend_coded(layer, g: int, policy, kv_heads, q, k, v, scaling: float) -> torch.Tensor:
-    """q [1, G*R, T, D], k/v [1, G, T, D] of one coded full group over the packed pass -> [1, G*R, T, D]."""
-    group = CodedPass(layer, g, policy, kv_heads)
+def attend_quantized(layer, g: int, policy, kv_heads, q, k, v, scaling: float) -> torch.Tensor:
+    """q [1, G*R, T, D], k/v [1, G, T, D] of one quantized full group over the packed pass -> [1, G*R, T, D]."""
+    group = QuantizedPass(layer, g, policy, kv_heads)
     step = layer.step
     if step.decode_only:
         return group.decode(q, k, v, scaling)

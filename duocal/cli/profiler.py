@@ -14,7 +14,7 @@ from duocal_runtime.profile.format_version import VERSION as PROFILE_VERSION
 from .options import split
 from .user_errors import user_errors
 
-PROFILE_EPILOG = """Examples:
+PROFILER_EPILOG = """Examples:
 
   duocal profile --output runs/demo-profiled.json          # the bundled demo model, passkey data
 
@@ -24,7 +24,7 @@ PROFILE_EPILOG = """Examples:
 """
 
 
-def profile_command(
+def profiler_command(
     model: Annotated[
         Optional[str],
         typer.Argument(help="A model folder, a .gguf file or a known name (default: the bundled demo model)."),
@@ -97,7 +97,9 @@ def profile_command(
         ref = ModelRef.resolve(model)
         body = None if text is None else read_text(text, "--text")
         base = dr.load_profile(scores_from) if scores_from else None
-        default_sink, default_recent = (base.deploy.window.sink, base.deploy.window.recent) if base else ref.window
+        default_sink, default_recent = (
+            (base.deploy.sink_window.sink, base.deploy.sink_window.recent) if base else ref.sink_window
+        )
         config = ProfilerConfig(
             data=data,
             text=body,

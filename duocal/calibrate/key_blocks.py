@@ -1,4 +1,4 @@
-"""Streaming (StreamingLLM) attention for training: blocked, O(T·(sink+recent)) time and memory.
+"""Sink-window (StreamingLLM) attention for training, over key blocks: O(T·(sink+recent)) time and memory.
 
 A query at position i sees the keys at positions < `sink` and in (i - recent, i], causally
 (Xiao et al., ICLR 2024, arXiv 2309.17453; the "streaming attention" of DuoAttention's gated
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 DEFAULT_BLOCK = 64
 
 
-def window_blocks(recent: int, block: int) -> int:
+def reachable_key_blocks(recent: int, block: int) -> int:
     """c: how many key blocks before a query's own block its window can reach."""
     return math.ceil((recent - 1) / block)
 
@@ -34,7 +34,7 @@ def block_bias(t: int, sink: int, recent: int, block: int, dtype: torch.dtype, d
     is counted once. Padded query rows (>= t) get key 0, so no row is empty (an empty row would
     put NaN into the backward pass).
     """
-    n, c = math.ceil(t / block), window_blocks(recent, block)
+    n, c = math.ceil(t / block), reachable_key_blocks(recent, block)
     i = torch.arange(n * block, device=device).view(n, block, 1)  # query positions
     j = torch.arange(sink, device=device).view(1, 1, sink)
     p = (torch.arange(n, device=device).view(n, 1, 1) - c) * block + torch.arange((c + 1) * block, device=device)
@@ -55,7 +55,7 @@ def _key_blocks(k: torch.Tensor, sink: int, c: int, block: int, n: int) -> torch
     return torch.cat([sinks, windows], dim=3)
 
 
-def blocked_window_attention(
+def blocked_sink_window_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -66,7 +66,7 @@ def blocked_window_attention(
 ) -> torch.Tensor:
     """Blocked streaming attention. q [B, H, T, D], k/v [B, G, T, D] -> [B, H, T, D].
 
-    Differentiable (plain torch ops); equal to `dense_window_attention` up to rounding.
+    Differentiable (plain torch ops); equal to `dense_sink_window_attention` up to rounding.
     """
     if sink < 0 or recent < 1 or block < 1:
         raise ValueError(f"need sink >= 0, recent >= 1 and block >= 1, got {sink}, {recent}, {block}")
@@ -75,7 +75,7 @@ def blocked_window_attention(
     r = h // g
     if t <= sink + recent:  # every window covers the whole causal prefix
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=g != h)
-    n, c = math.ceil(t / block), window_blocks(recent, block)
+    n, c = math.ceil(t / block), reachable_key_blocks(recent, block)
     keys = _key_blocks(k, sink, c, block, n).flatten(0, 1)  # [B*G, n, S, D]
     values = _key_blocks(v, sink, c, block, n).flatten(0, 1)
     qb = F.pad(q, (0, 0, 0, n * block - t)).view(b, g, r, n, block, d)
@@ -87,10 +87,10 @@ def blocked_window_attention(
     return out[:, :, :t]
 
 
-def dense_window_attention(
+def dense_sink_window_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: int, recent: int, scaling: float
 ) -> torch.Tensor:
-    """Reference with a dense [T, T] mask (tests only). Same shapes as `blocked_window_attention`."""
+    """Reference with a dense [T, T] mask (tests only). Same shapes as `blocked_sink_window_attention`."""
     t = q.shape[2]
     i = torch.arange(t, device=q.device)[:, None]
     j = torch.arange(t, device=q.device)[None, :]

@@ -22,23 +22,23 @@ def needs_backward_on_cpu(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(x.requires_grad for x in tensors) and tensors[0].device.type == "cpu"
 
 
-def sink_window_attention(q, k, v, q_rank, k_rank, window, scaling: float) -> torch.Tensor:
+def sink_window_attention(q, k, v, q_rank, k_rank, policy, scaling: float) -> torch.Tensor:
     """q [B, G*R, T, D], k/v [B, G, S, D], q_rank [B, T], k_rank [B, S] -> [B, G*R, T, D], under
-    `window` (a `SinkWindow`: its `sees` is the rule, its sizes bound the visited blocks).
+    `policy` (a `SinkWindow`: its `sees` is the rule, its sizes bound the visited blocks).
 
     Rows of padding queries (rank -1) output zeros or garbage: callers ignore them.
     """
     t, s = q.shape[2], k.shape[2]
     if DA.fits_dense(t * (q.shape[1] // k.shape[1]), s, q.device) or needs_backward_on_cpu(q, k, v):
         return DA.sdpa(
-            q, k, v, window.sees(q_rank[:, None, :, None], k_rank[:, None, None, :]), scaling
+            q, k, v, policy.sees(q_rank[:, None, :, None], k_rank[:, None, None, :]), scaling
         )  # [B, 1, T, S]
     tp, sp = BS.padded_length(t), BS.padded_length(s)
     q_rank, k_rank = BS.pad_to(q_rank, tp, 1, -1), BS.pad_to(k_rank, sp, 1, -1)
-    partial, full = BS.visible_blocks(q_rank, k_rank, window.sink, window.recent)
+    partial, full = BS.visible_blocks(q_rank, k_rank, policy.sink, policy.recent)
 
     def visible(b, h, q_idx, kv_idx):
-        return window.sees(q_rank[b, q_idx], k_rank[b, kv_idx])
+        return policy.sees(q_rank[b, q_idx], k_rank[b, kv_idx])
 
     mask = BS.block_mask(partial[:, None], full[:, None], visible, tp, sp)
     out = BS.flex(BS.pad_to(q, tp, 2), BS.pad_to(k, sp, 2), BS.pad_to(v, sp, 2), mask, scaling)
