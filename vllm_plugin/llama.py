@@ -46,7 +46,7 @@ class SinkWindowAttention(Attention):
     def __init__(self, *args, sink: int, recent: int, **kwargs) -> None:
         super().__init__(*args, per_layer_sliding_window=recent, attn_backend=SinkWindowCPUBackend, **kwargs)
         self.sink = sink
-        self.impl.sink = sink
+        self.impl.set_sink_window(sink, recent)
 
     def get_kv_cache_spec(self, vllm_config: VllmConfig) -> SinkWindowSpec:
         return SinkWindowSpec(
