@@ -28,6 +28,7 @@ def main(spec: dict) -> None:
         max_num_seqs=4,
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
         enable_prefix_caching=spec.get("enable_prefix_caching", False),
+        block_size=spec.get("block_size"),
         hf_overrides=spec.get("hf_overrides"),
     )
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
