@@ -5,9 +5,8 @@ import json
 import pytest
 
 from duocal.serving.vllm_launch import VllmServe, vllm_launch
-from duocal_runtime.profile.shape import ModelShape
 
-from conftest import PROFILE
+from conftest import PROFILE, profile_of_another_model
 
 NAME = "smollm2-135m-instruct"
 
@@ -37,12 +36,7 @@ def test_a_budget_is_passed_and_planned_before_the_start(model_folder):
 
 
 def test_a_profile_of_another_model_is_refused_before_vllm_starts(model_folder, tmp_path):
-    data = json.loads(PROFILE.read_text())
-    data["model"].update(num_hidden_layers=28, fingerprint=ModelShape(28, 9, 3, 64).fingerprint, name_or_path="another")
-    data["scores"] = data["scores"][:28]
-    data.pop("measurements", None)
-    wrong = tmp_path / "wrong.json"
-    wrong.write_text(json.dumps(data))
+    wrong = profile_of_another_model(tmp_path)
     with pytest.raises(ValueError, match="profile is for 28 layers x 3 KV heads .*has 30 layers x 3 KV heads"):
         vllm_launch(VllmServe(NAME, profile=str(wrong)))
 
