@@ -23,6 +23,7 @@ from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLine
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from vllm.model_executor.models.utils import extract_layer_index
+from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
 from .group_fit import vllm_head_table
@@ -123,7 +124,6 @@ class DuoLlamaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         config = vllm_config.model_config.hf_config
-        dtype = vllm_config.model_config.dtype
         table = vllm_head_table(config, vllm_config)
         tp_size = get_tensor_model_parallel_world_size()
         if tp_size != 1:
@@ -135,6 +135,7 @@ class DuoLlamaForCausalLM(LlamaForCausalLM):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
             return
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        check_lone_request_fits(table, vllm_config, head_size, dtype)
+        kv_dtype = kv_cache_dtype_str_to_dtype(vllm_config.cache_config.cache_dtype, vllm_config.model_config)
+        check_lone_request_fits(table, vllm_config, head_size, kv_dtype)  # the KV dtype the heads store
         layer = functools.partial(DuoLlamaDecoderLayer, head_table=table)
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer)

@@ -63,19 +63,27 @@ def server(tmp_path_factory):
     ]
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 600
+    try:
+        assert healthy_within(process, 600), log.read_text()[-4000:]
+        yield process, log
+    finally:  # also when the start failed or timed out: nothing outlives the module
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+def healthy_within(process: subprocess.Popen, seconds: float) -> bool:
+    """Whether the server answers /health with 200 before `seconds` pass (False if it exits first)."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and process.poll() is None:
         try:
             conn, response = request("GET", "/health", timeout=5)
             conn.close()
             if response.status == 200:
-                break
+                return True
         except OSError:
             time.sleep(3)
-    assert process.poll() is None, log.read_text()[-4000:]
-    yield process, log
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
+    return False
 
 
 def test_a_chat_completion_is_served_under_the_given_name(server):
