@@ -17,7 +17,7 @@ import math
 from vllm.logger import init_logger
 from vllm.utils.math_utils import cdiv
 
-from .head_plan import HeadSpec, head_table, load_head_table, make_plan, settings_of
+from .head_plan import HeadSpec, head_table, make_plan, settings_of
 from .sink_window_spec import SinkWindowSpec, request_in_flight_tokens
 
 logger = init_logger(f"vllm.{__name__}")
@@ -48,30 +48,43 @@ def fitted_streaming_count(full: int, streaming: int, full_blocks: int, streamin
 
 
 def vllm_head_table(config, vllm_config) -> list[list[HeadSpec]]:
-    """The head table `DuoLlamaForCausalLM` runs under `vllm_config`: the settings' plan (head_plan.py), with
-    the streaming head count fitted to vLLM's groups (`fitted_streaming_count`)."""
+    """The head table `DuoLlamaForCausalLM` runs under `vllm_config`: the settings' plan (head_plan.py), for vLLM's
+    tensor parallel size unless the settings name one, with the streaming head count fitted to vLLM's groups
+    (`fitted_streaming_count`). vLLM groups one rank's layers, so under tensor parallelism the counts are per rank
+    and the fitted plan is balanced again (whole heads per rank)."""
     block, length = vllm_config.cache_config.block_size, vllm_config.model_config.max_model_len
-    dtype = vllm_config.model_config.dtype
-    table = load_head_table(config, block, dtype=dtype)
-    streaming = [spec for row in table for spec in row if not spec.is_full]
-    full = sum(len(row) for row in table) - len(streaming)
+    dtype, tp_size = vllm_config.model_config.dtype, vllm_config.parallel_config.tensor_parallel_size
     settings = settings_of(config)
-    if not streaming or len({(s.sink, s.recent) for s in streaming}) > 1 or int(settings.get("tensor_parallel", 1)) > 1:
+    settings.setdefault("tensor_parallel", str(tp_size))
+    table = head_table(make_plan(config, settings, dtype), block)
+    streaming = [spec for row in table for spec in row if not spec.is_full]
+    total = sum(len(row) for row in table)
+    if not streaming or len({(s.sink, s.recent) for s in streaming}) > 1:
+        return table
+    if int(settings["tensor_parallel"]) != tp_size:
+        logger.info_once(
+            "duocal: the plan is for tensor parallel size %s, vLLM runs %d: its streaming head count is kept as "
+            "planned (not fitted to vLLM's KV cache groups)", settings["tensor_parallel"], tp_size,
+        )  # fmt: skip
         return table
     window = SinkWindowSpec(block_size=block, num_kv_heads=1, head_size=1, dtype=dtype, sink=streaming[0].sink,
                             sliding_window=streaming[0].recent,
                             request_in_flight_tokens=request_in_flight_tokens(vllm_config))  # fmt: skip
-    kept = fitted_streaming_count(
-        full, len(streaming), cdiv(length, block),
+    per_rank = fitted_streaming_count(
+        (total - len(streaming)) // tp_size, len(streaming) // tp_size, cdiv(length, block),
         window.max_admission_blocks_per_request(vllm_config.max_in_flight_tokens, length),
     )  # fmt: skip
+    kept = per_rank * tp_size
     if kept == len(streaming):
+        return table
+    settings = {k: v for k, v in settings.items() if k != "budget"}
+    settings["sparsity"] = str(kept / total)
+    fitted = head_table(make_plan(config, settings, dtype), block)
+    if sum(not spec.is_full for row in fitted for spec in row) != kept:  # a sparsity that rounds otherwise
         return table
     logger.info_once(
         "duocal: %d of the plan's %d streaming KV heads run full (the best scored): vLLM's KV cache groups then need "
         "fewer padding layers, and a request fewer bytes (%d full + %d sink_window)",
-        len(streaming) - kept, len(streaming), full + len(streaming) - kept, kept,
+        len(streaming) - kept, len(streaming), total - kept, kept,
     )  # fmt: skip
-    settings = {k: v for k, v in settings.items() if k != "budget"}
-    settings["sparsity"] = str(kept / (full + len(streaming)))
-    return head_table(make_plan(config, settings, dtype), block)
+    return fitted

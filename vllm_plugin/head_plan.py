@@ -32,11 +32,13 @@ class DuoVllmError(ValueError):
 
 @dataclass(frozen=True)
 class HeadSpec:
-    """One KV head's policy as vLLM runs it: `sink` / `recent` are None for a full head."""
+    """One KV head's policy as vLLM runs it: `sink` / `recent` are None for a full head. `slot` names its attention
+    module on a tensor-parallel rank (rank_heads.py); None until the rank's heads are chosen."""
 
     kv_head: int
     sink: int | None = None
     recent: int | None = None
+    slot: int | None = None
 
     @property
     def is_full(self) -> bool:
@@ -81,7 +83,10 @@ def make_plan(config: Any, settings: dict[str, str], dtype: Any = "bfloat16"):
         tensor_parallel = int(settings.get("tensor_parallel", 1))
         if tensor_parallel > 1:
             if "budget" in settings:
-                raise DuoVllmError("duocal_tensor_parallel plans at a sparsity: give duocal_sparsity, not a budget")
+                raise DuoVllmError(
+                    f"a plan for tensor parallel size {tensor_parallel} is made at a sparsity (every rank the same "
+                    "full heads per layer): give a sparsity (duocal_sparsity, --sparsity), not a budget"
+                )
             return balanced_plan(profile, tensor_parallel, sparsity, policy=settings.get("policy"), **numbers)
         if "budget" in settings:
             numbers.update(budget=settings["budget"], context=config.max_position_embeddings, dtype=dtype)
@@ -145,6 +150,7 @@ def check_balanced(table: list[list[HeadSpec]], tp_size: int) -> None:
         shown = ", ".join(uneven[:6]) + (f" and {len(uneven) - 6} more" if len(uneven) > 6 else "")
         raise DuoVllmError(
             f"this plan is unbalanced for tensor parallel size {tp_size}: full KV heads per rank differ in "
-            f"{len(uneven)} layers: {shown}. Plan for it: hf_overrides={{'duocal_tensor_parallel': {tp_size}}} "
-            f"(or DUOCAL_TENSOR_PARALLEL={tp_size}) gives every rank the same number of full heads per layer"
+            f"{len(uneven)} layers: {shown}. Plan for it: leave duocal_tensor_parallel unset (the plugin then plans "
+            f"for vLLM's tensor parallel size) or set hf_overrides={{'duocal_tensor_parallel': {tp_size}}} (or "
+            f"DUOCAL_TENSOR_PARALLEL={tp_size}): every rank then gets the same number of full heads per layer"
         )

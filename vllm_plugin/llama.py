@@ -4,9 +4,10 @@ A full head is a stock vLLM `Attention` (its query group, one KV head, `FullAtte
 sink_window head is a `SinkWindowAttention` (sink_window_spec.py, sink_window_backend.py). The
 projections, RoPE, MLP, weights and weight loading are vLLM's Llama ones: only the attention module
 of each decoder layer changes (vLLM's `LlamaDecoderLayer` takes `attn_layer_type`). Per-head modules
-are named ``attn_kv_<letters>`` because vLLM reads the layer index as the only number in a name. An all-full
-plan builds vLLM's own layers (one attention module per layer). Tensor parallelism is not supported (one rank
-holds every KV head); a plan unbalanced for the asked size is refused naming its layers first.
+are named ``attn_kv_<letters>`` (letters: the head's slot, rank_heads.py) because vLLM reads the layer index as
+the only number in a name. An all-full plan builds vLLM's own layers (one attention module per layer). Under
+tensor parallelism each rank builds modules for its own KV heads only (rank_heads.py); the plan is balanced for
+vLLM's size unless the settings ask for another one, and an unbalanced plan is refused naming its layers.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import string
 import torch
 from torch import nn
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.rotary_embedding import get_rope
@@ -27,7 +28,8 @@ from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
 from .group_fit import vllm_head_table
-from .head_plan import DuoVllmError, HeadSpec, check_balanced
+from .head_plan import HeadSpec
+from .rank_heads import rank_table
 from .sink_window_backend import SinkWindowCPUBackend
 from .sink_window_spec import SinkWindowSpec, check_lone_request_fits, request_in_flight_tokens
 
@@ -75,7 +77,8 @@ class DuoLlamaAttention(nn.Module):
         del attn_type
         self.head_dim = getattr(config, "head_dim", None) or hidden_size // num_heads
         self.group = num_heads // num_kv_heads
-        self.q_size, self.kv_size = num_heads * self.head_dim, num_kv_heads * self.head_dim
+        tp_size = get_tensor_model_parallel_world_size()  # this rank's share of the heads (rank_heads.py)
+        self.q_size, self.kv_size = num_heads // tp_size * self.head_dim, num_kv_heads // tp_size * self.head_dim
         self.qkv_proj = QKVParallelLinear(
             hidden_size, self.head_dim, num_heads, num_kv_heads, bias=bias, quant_config=quant_config,
             prefix=f"{prefix}.qkv_proj",
@@ -94,7 +97,7 @@ class DuoLlamaAttention(nn.Module):
     def _head(self, spec: HeadSpec, cache_config, quant_config, prefix: str) -> Attention:
         args = (self.group, self.head_dim, self.head_dim**-0.5)
         kwargs = dict(num_kv_heads=1, cache_config=cache_config, quant_config=quant_config)
-        name = f"{prefix}.attn_kv_{head_name(spec.kv_head)}"
+        name = f"{prefix}.attn_kv_{head_name(spec.slot)}"
         if spec.is_full:
             return Attention(*args, prefix=name, **kwargs)
         return SinkWindowAttention(*args, sink=spec.sink, recent=spec.recent, prefix=name, **kwargs)
@@ -124,18 +127,18 @@ class DuoLlamaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         config = vllm_config.model_config.hf_config
-        table = vllm_head_table(config, vllm_config)
-        tp_size = get_tensor_model_parallel_world_size()
-        if tp_size != 1:
-            check_balanced(table, tp_size)
-            raise DuoVllmError(
-                "duocal_vllm runs on one tensor-parallel rank for now: start vLLM with --tensor-parallel-size 1"
-            )
+        table = rank_table(
+            vllm_head_table(config, vllm_config),
+            get_tensor_model_parallel_world_size(),
+            get_tensor_model_parallel_rank(),
+        )
         if all(spec.is_full for row in table for spec in row):  # vLLM's own layers: one kernel call per layer
             super().__init__(vllm_config=vllm_config, prefix=prefix)
             return
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         kv_dtype = kv_cache_dtype_str_to_dtype(vllm_config.cache_config.cache_dtype, vllm_config.model_config)
-        check_lone_request_fits(table, vllm_config, head_size, kv_dtype)  # the KV dtype the heads store
+        check_lone_request_fits(
+            table, vllm_config, head_size, kv_dtype
+        )  # this rank's heads, in the KV dtype they store
         layer = functools.partial(DuoLlamaDecoderLayer, head_table=table)
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer)

@@ -6,8 +6,9 @@ cache managers. Its OpenAI server (AsyncLLM) creates `DuoCapacityLog` once the e
 one start-up line with the KV tokens of a duocal plan as a ratio to stock vLLM in the same space. vLLM's own
 line ("KV cache size: N tokens, Maximum concurrency for L tokens per request: X") already counts what its
 scheduler admits under the per-head layout (`SinkWindowSpec.max_admission_blocks_per_request`); the stock
-figure is vLLM's arithmetic for the plain model: blocks of `block_size` tokens of every layer and KV head in
-the configured space, then blocks per request at `max_model_len`. Models without a duocal plan get no line.
+figure is vLLM's arithmetic for the plain model: blocks of `block_size` tokens of every layer and KV head (of one
+rank under tensor parallelism: the space is per rank) in the configured space, then blocks per request at
+`max_model_len`. Models without a duocal plan get no line.
 """
 
 from __future__ import annotations
@@ -56,8 +57,11 @@ def capacity_line(vllm_config) -> str | None:
     if space is None or cache.cache_dtype != "auto":
         return f"duocal: KV cache size {tokens:,} tokens; {plan} (no stock comparison without a fixed KV space)"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    stock = stock_kv_tokens(space, config.num_hidden_layers, config.num_key_value_heads, head_dim,
-                            model.dtype.itemsize, cache.block_size, model.max_model_len)  # fmt: skip
+    kv_heads = (
+        config.num_key_value_heads // vllm_config.parallel_config.tensor_parallel_size
+    )  # one rank's, in its space
+    stock = stock_kv_tokens(space, config.num_hidden_layers, kv_heads, head_dim, model.dtype.itemsize,
+                            cache.block_size, model.max_model_len)  # fmt: skip
     return (
         f"duocal: KV cache size {tokens:,} tokens = {tokens / stock:.2f}x the {stock:,} tokens stock vLLM holds in "
         f"the same {space / GiB:g} GiB (max_model_len {model.max_model_len}, max_num_batched_tokens "

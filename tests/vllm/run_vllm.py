@@ -11,7 +11,9 @@ the log above the line), then ``SECONDS name N``. vLLM's log-once messages are f
 each engine's part of the log has its own start-up lines (e.g. "KV cache size: N tokens").
 Engine keys: "prompts", "max_tokens" (16), "hf_overrides", "env" (set in os.environ while the engine is built and
 runs: the plugin reads DUOCAL_* there), "max_model_len" (2048), "max_num_batched_tokens" (512),
-"enable_prefix_caching" (false), "block_size" (vLLM's choice). float32, eager mode, at most 4 sequences.
+"enable_prefix_caching" (false), "block_size" (vLLM's choice), "tensor_parallel_size" (1; above 1 its ranks run
+as worker processes, and VLLM_CPU_OMP_THREADS_BIND must name one CPU list per rank, e.g. "0|1", before this
+process imports vLLM). float32, eager mode, at most 4 sequences.
 Prompts run one after another, so that a repeated prompt can hit the cache of an earlier one.
 """
 
@@ -26,7 +28,10 @@ import traceback
 def build(spec: dict):
     from vllm import LLM
 
+    tp_size = spec.get("tensor_parallel_size", 1)
     return LLM(
+        tensor_parallel_size=tp_size,
+        distributed_executor_backend="mp" if tp_size > 1 else None,
         model=spec["model"],
         dtype="float32",
         enforce_eager=True,

@@ -9,9 +9,7 @@ import torch
 from duocal_vllm.head_plan import DuoVllmError, check_balanced, load_head_table, settings_of
 from duocal_vllm.sink_window_backend import page_layout
 
-from conftest import PROFILE
-
-SMOLLM2 = dict(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64, hidden_size=576)
+from conftest import PROFILE, SMOLLM2
 
 
 def config(**settings):
