@@ -6,7 +6,8 @@ Settings, first found wins: the model config's ``duocal_*`` keys (pass them with
 ``DUOCAL_TENSOR_PARALLEL`` environment variables. Without a sparsity or budget the profile's deploy sparsity
 is used; sparsity 0 is an all-full plan. A budget ('64MiB') is KV bytes per request at the model's context
 (``max_position_embeddings``) in the model's dtype, as ``duocal serve`` reads it. With ``tensor_parallel`` N > 1
-every one of N ranks gets the same number of full heads per layer (duocal_runtime.planning.tensor_parallel).
+every one of N ranks gets the same number of full heads per layer (duocal_runtime.planning.tensor_parallel); the
+model plans for vLLM's own tensor parallel size when the settings name none (group_fit.vllm_head_table).
 
 Only ``duocal_runtime``'s profile, planning and policy modules are imported: no transformers and
 no duocal runtime cache code, so this runs next to vLLM's own transformers pin. H2O-family heads need

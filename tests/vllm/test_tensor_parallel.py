@@ -17,6 +17,7 @@ from duocal.serving.vllm_launch import VllmServe, vllm_launch
 from duocal_runtime.planning.tensor_parallel import shards, unbalanced_layers
 from duocal_vllm.group_fit import group_slots, vllm_head_table
 from duocal_vllm.head_plan import SETTINGS, DuoVllmError, HeadSpec, check_balanced, load_head_table
+from duocal_vllm.plugin import capacity_line, stock_kv_tokens
 from duocal_vllm.rank_heads import rank_table
 
 from conftest import PROFILE, SMOLLM2, kv_cache_tokens, run_engines
@@ -106,6 +107,17 @@ def test_group_fitting_under_tensor_parallel_keeps_every_rank_balanced():
     assert full_before < {(layer, s.kv_head) for layer, row in enumerate(table) for s in row if s.is_full}
 
 
+def test_the_capacity_line_compares_with_stock_vllm_on_one_rank(tiny_profile):
+    """Under tensor parallelism the KV space is per rank: stock vLLM holds 1 GiB / (4 layers x 2 x 2 KV heads x 32 x
+    4 bytes) = 524,288 tokens per rank (its own start-up line with this model on 2 ranks, max_model_len 2048)."""
+    config = SimpleNamespace(**tiny_config(tiny_profile, **SIZES).__dict__, architectures=["DuoLlamaForCausalLM"])
+    engine = vllm_config(2)
+    engine.model_config.hf_config = config
+    engine.cache_config.__dict__.update(kv_cache_size_tokens=786_432, kv_cache_memory_bytes=2**30, cache_dtype="auto")
+    assert "= 1.50x the 524,288 tokens stock vLLM holds in the same 1 GiB" in capacity_line(engine)
+    assert stock_kv_tokens(2**30, 4, 2, 32, 4, 64, 2048) == 524_288
+
+
 def test_serve_plans_for_the_tensor_parallel_size_it_passes_to_vllm(model_folder):
     import json
 
@@ -168,3 +180,4 @@ def test_an_all_full_plan_on_two_ranks_gives_stock_vllm_tokens(tp_runs):
     assert duo.tokens is not None, duo.log[-4000:]
     assert stock.tokens is not None, stock.log[-4000:]
     assert duo.tokens == stock.tokens
+    assert kv_cache_tokens(duo.log) == stock_kv_tokens(2**30, 4, 2, 32, 4, 64, 2048)  # one rank's 2 KV heads in 1 GiB
