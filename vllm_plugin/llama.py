@@ -127,18 +127,13 @@ class DuoLlamaForCausalLM(LlamaForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         config = vllm_config.model_config.hf_config
-        table = rank_table(
-            vllm_head_table(config, vllm_config),
-            get_tensor_model_parallel_world_size(),
-            get_tensor_model_parallel_rank(),
-        )
-        if all(spec.is_full for row in table for spec in row):  # vLLM's own layers: one kernel call per layer
+        table = vllm_head_table(config, vllm_config)
+        if all(spec.is_full for row in table for spec in row):  # vLLM's own layers (and its KV head sharding)
             super().__init__(vllm_config=vllm_config, prefix=prefix)
             return
+        table = rank_table(table, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank())
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         kv_dtype = kv_cache_dtype_str_to_dtype(vllm_config.cache_config.cache_dtype, vllm_config.model_config)
-        check_lone_request_fits(
-            table, vllm_config, head_size, kv_dtype
-        )  # this rank's heads, in the KV dtype they store
+        check_lone_request_fits(table, vllm_config, head_size, kv_dtype)  # this rank's heads, in their KV dtype
         layer = functools.partial(DuoLlamaDecoderLayer, head_table=table)
         super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=layer)

@@ -57,9 +57,8 @@ def capacity_line(vllm_config) -> str | None:
     if space is None or cache.cache_dtype != "auto":
         return f"duocal: KV cache size {tokens:,} tokens; {plan} (no stock comparison without a fixed KV space)"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = (
-        config.num_key_value_heads // vllm_config.parallel_config.tensor_parallel_size
-    )  # one rank's, in its space
+    tp_size = vllm_config.parallel_config.tensor_parallel_size
+    kv_heads = max(1, config.num_key_value_heads // tp_size)  # one rank's, in its space (1: vLLM replicates a head)
     stock = stock_kv_tokens(space, config.num_hidden_layers, kv_heads, head_dim, model.dtype.itemsize,
                             cache.block_size, model.max_model_len)  # fmt: skip
     return (

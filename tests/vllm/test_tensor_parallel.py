@@ -116,6 +116,10 @@ def test_the_capacity_line_compares_with_stock_vllm_on_one_rank(tiny_profile):
     engine.cache_config.__dict__.update(kv_cache_size_tokens=786_432, kv_cache_memory_bytes=2**30, cache_dtype="auto")
     assert "= 1.50x the 524,288 tokens stock vLLM holds in the same 1 GiB" in capacity_line(engine)
     assert stock_kv_tokens(2**30, 4, 2, 32, 4, 64, 2048) == 524_288
+    engine.parallel_config.tensor_parallel_size = 8  # more ranks than KV heads: vLLM gives each rank one, replicated
+    engine.model_config.hf_config.duocal_sparsity = 0  # all full: vLLM's own model, which replicates KV heads
+    assert all(s.is_full for row in vllm_head_table(config, engine) for s in row)
+    assert "the 1,048,576 tokens stock vLLM holds" in capacity_line(engine)
 
 
 def test_serve_plans_for_the_tensor_parallel_size_it_passes_to_vllm(model_folder):
