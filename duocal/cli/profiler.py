@@ -18,7 +18,9 @@ PROFILER_EPILOG = """Examples:
 
   duocal profile --output runs/demo-profiled.json          # the bundled demo model, passkey data
 
-  duocal profile smollm2-135m-instruct --haystack repeated --contexts 2048 --samples 16 --output smol.json
+  duocal profile smollm2-135m-instruct --output smol.json        # chat prompts, heads ranked by the answer's loss
+
+  duocal profile smollm2-135m-instruct --format digits --haystack repeated --contexts 2048 --output raw.json
 
   duocal profile ./my-model --data text --text book.txt --contexts 4096 --output mine.json
 """
@@ -55,9 +57,32 @@ def profiler_command(
         ),
     ] = None,
     passkey_format: Annotated[
-        Optional[str], typer.Option("--format", help="Passkey format (default: demo for the demo model, else digits).")
+        Optional[str],
+        typer.Option(
+            "--format",
+            help="Passkey format: chat (the model's chat template, a question and its answer written out), digits, "
+            "nato or demo (default: chat when the tokenizer has a chat template, demo for the demo model, else "
+            "digits).",
+        ),
     ] = None,
-    haystack: Annotated[str, typer.Option(help="synthetic, repeated, or a text file.")] = "synthetic",
+    haystack: Annotated[
+        Optional[str],
+        typer.Option(
+            help="synthetic, repeated, text (chat: the GPL-3.0 text) or a text file (default: repeated for chat, "
+            "else synthetic)."
+        ),
+    ] = None,
+    depths: Annotated[
+        str, typer.Option(help="Chat format: where the key sits in the haystack (0 start, 1 end), in turn.")
+    ] = "0.25,0.5,0.75",
+    score: Annotated[
+        Optional[str],
+        typer.Option(
+            help="What ranks heads: loss (the answer's first-order loss rise when the head alone streams), retrieval "
+            "(attention on the needle) or kept (1 - the sink window's kept share) (default: loss for chat, retrieval "
+            "for other passkeys, kept for text)."
+        ),
+    ] = None,
     passkeys: Annotated[int, typer.Option(help="Needles per sample.")] = 1,
     seed: Annotated[int, typer.Option(help="Sample seed.")] = PROFILER_SEED,
     scores_from: Annotated[
@@ -96,6 +121,8 @@ def profiler_command(
             raise ValueError(f"unknown --method {method!r}; the profiler has: attention")
         ref = ModelRef.resolve(model)
         body = None if text is None else read_text(text, "--text")
+        tokenizer = ref.load_tokenizer()
+        chosen_format = passkey_format or default_format(ref, tokenizer, data)
         base = dr.load_profile(scores_from) if scores_from else None
         default_sink, default_recent = (
             (base.deploy.sink_window.sink, base.deploy.sink_window.recent) if base else ref.sink_window
@@ -105,8 +132,10 @@ def profiler_command(
             text=body,
             samples=samples,
             contexts=tuple(split(contexts, int, "contexts")),
-            format=passkey_format or ref.passkey_format,
-            haystack=haystack,
+            format=chosen_format,
+            haystack=haystack or ("repeated" if chosen_format == "chat" else "synthetic"),
+            depths=tuple(split(depths, float, "depths")),
+            score=score,
             num_passkeys=passkeys,
             seed=seed,
             sink=default_sink if sink is None else sink,
@@ -120,11 +149,18 @@ def profiler_command(
             base.check_compatible(model_config)
         lm = ref.load_model()
         with stderr_progress("profile") as progress:
-            result = profile_model(lm, ref.load_tokenizer(), config, ref.name, progress=progress)
+            result = profile_model(lm, tokenizer, config, ref.name, progress=progress)
         if base is not None:
             result = with_measurements(base, result)
         dr.save_profile(result, output)
     typer.echo(f"wrote {output} ({result.shape.describe()}, measured in {measured_seconds(result)} s)")
+
+
+def default_format(ref, tokenizer, data: str) -> str:
+    """chat for a passkey profile of a model with a chat template (what its users send), else the model's format."""
+    if data == "passkey" and not ref.is_demo and getattr(tokenizer, "chat_template", None):
+        return "chat"
+    return ref.passkey_format
 
 
 def measured_seconds(profile) -> float:

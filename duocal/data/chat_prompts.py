@@ -23,6 +23,7 @@ from duocal_runtime.files.regular_files import read_text
 HAYSTACK_TEXT = "gpl-3.0.txt"  # `text`: the GPL-3.0 text in duocal/assets/texts
 CHAT_HAYSTACKS = ("repeated", "text")  # or a plain-text file
 KEY_RANGE = (10000, 99999)  # five-digit keys, as README's 71432
+CHAT_DEPTHS = (0.25, 0.5, 0.75)  # where the key sits in the haystack (0: its start, 1: its end), in turn
 
 
 @dataclass(frozen=True)

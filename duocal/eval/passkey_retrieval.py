@@ -17,6 +17,7 @@ from typing import Any
 
 import duocal_runtime as dr
 from duocal.data import FORMATS, PasskeyGenerator, PasskeySample
+from duocal.data.chat_prompts import CHAT_DEPTHS
 from duocal.data.padding import pad_token_id
 from duocal.data.passkey_formats import DEMO_PASSKEY_FORMAT
 from duocal.eval.row_kinds import (
@@ -64,7 +65,7 @@ class PasskeyEvalConfig:
     questions: str = "one"  # "one" of each sample's passkeys, or "all" of them, one after another
     kv_bits: tuple[int, ...] = (16,)  # widths of full heads' keys and values, one row each (16, 8, 4)
     mix_policies: tuple[str, ...] = MIX_POLICIES  # what the mix row chooses among
-    depths: tuple[float, ...] = (0.25, 0.5, 0.75)  # chat format: where the key sits in the haystack, in turn
+    depths: tuple[float, ...] = CHAT_DEPTHS  # chat format: where the key sits in the haystack, in turn
     answer_tokens: int = 16  # chat format: the free answer's most new tokens
 
     def __post_init__(self):

@@ -79,11 +79,18 @@ class AttentionStats:
 def recording(model, rows: Sequence[int], quantized: Sequence[dr.Full] = (), scored: int | None = None):
     """Inside the block, `model`'s forward passes record `AttentionStats` (yielded)."""
     stats = AttentionStats(rows, quantized, scored)
+    with attention_function(model, stats.attention):
+        yield stats
+
+
+@contextlib.contextmanager
+def attention_function(model, function):
+    """Inside the block, `model`'s attention layers call `function` (transformers' attention signature)."""
     previous = compat.attention_implementation(model)
-    compat.register(NAME, stats.attention)
+    compat.register(NAME, function)
     compat.set_attention_implementation(model, NAME)
     try:
-        yield stats
+        yield
     finally:
         compat.set_attention_implementation(model, previous)
         compat.unregister(NAME)

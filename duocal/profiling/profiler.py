@@ -23,12 +23,17 @@ import torch
 
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator
+from duocal.data.chat_answers import answered_chat
+from duocal.data.chat_prompts import CHAT_DEPTHS, chat_prompts, check_chat_template
+from duocal.eval.chat_passkey import check_chat
 from duocal.eval.perplexity import text_windows
 from duocal.eval.protocols import question_start
 from duocal.eval.row_kinds import Progress, refuse_beyond_positions
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_keys, kept_share, retrieval_score, selected_by_passes, snapkv_kept
+from duocal.profiling.profile_scores import SCORE_METHODS, SCORES, chosen_scores
 from duocal.profiling.seed import PROFILER_SEED
+from duocal.profiling.streaming_loss import streaming_loss
 from duocal_runtime.profile.measurements import Measurement, error_name, kept_name
 from duocal_runtime.quant.codes import default_group
 
@@ -48,6 +53,8 @@ class ProfilerConfig:
     text_rows: int = 64
     protocol: str = "query-aware"  # when snapkv's selection meets the question (module docstring)
     kv_bits: tuple[int, ...] = (8, 4)  # widths whose output error is measured on full heads
+    depths: tuple[float, ...] = CHAT_DEPTHS  # the chat format: where the key sits in the haystack, in turn
+    score: str | None = None  # SCORES; default: loss for the chat format, retrieval for passkeys, kept for text
 
     def __post_init__(self):
         if self.data not in ("passkey", "text") or (self.data == "text" and not self.text):
@@ -59,8 +66,20 @@ class ProfilerConfig:
             raise ValueError(f"protocol must be 'query-aware' or 'query-agnostic', got {self.protocol!r}")
         if self.protocol == "query-agnostic" and self.data == "text":
             raise ValueError("text windows ask no question: the query-agnostic protocol needs passkey data")
+        if self.score not in (None, *SCORES) or (self.data == "text" and self.score == "retrieval"):
+            raise ValueError(f"score must be one of {', '.join(SCORES)} (text windows have no needle: no retrieval)")
+        if self.format == "chat":
+            check_chat(self.depths, 1, self.protocol, "one", self.haystack)
+            if self.num_passkeys != 1:
+                raise ValueError("the chat format hides one key per prompt: leave --passkeys out")
         if not set(self.kv_bits) <= {8, 4} or len(set(self.kv_bits)) != len(self.kv_bits):
             raise ValueError(f"kv_bits must be distinct widths among 8 and 4 (16 has no error), got {self.kv_bits}")
+
+    @property
+    def chosen_score(self) -> str:
+        if self.score is not None:
+            return self.score
+        return "kept" if self.data == "text" else "loss" if self.format == "chat" else "retrieval"
 
     def policies(self) -> list[dr.HeadPolicy]:
         """The policies whose kept share is measured: the sink window, H2O with the same capacity per
@@ -87,6 +106,11 @@ class ProfiledSequence:
     rows: list[int]  # the query positions scored
     spans: list[tuple[int, int]] | None  # the needle each row answers about (passkey data)
     pass_ends: tuple[int, ...]  # where snapkv's prefill passes end (the protocol)
+    answer_rows: list[int] | None = None  # the rows whose next tokens the loss score scores (default: rows)
+
+    @property
+    def loss_rows(self) -> list[int]:
+        return self.rows if self.answer_rows is None else self.answer_rows
 
 
 def sequences(tokenizer, config: ProfilerConfig):
@@ -96,6 +120,9 @@ def sequences(tokenizer, config: ProfilerConfig):
             for window in text_windows(tokenizer, config.text, context, config.samples):
                 rows = list(range(context - min(config.text_rows, context - 1), context))
                 yield ProfiledSequence(window.tolist(), rows, None, (rows[0] + 1,))
+            continue
+        if config.format == "chat":
+            yield from chat_sequences(tokenizer, config, context)
             continue
         generator = PasskeyGenerator(
             tokenizer,
@@ -112,6 +139,18 @@ def sequences(tokenizer, config: ProfilerConfig):
             rows = list(answer.predict_positions)
             ends = (answer.start,) if config.protocol == "query-aware" else (question_start(sample), answer.start)
             yield ProfiledSequence(list(sample.input_ids), rows, [(needle.start, needle.end)] * len(rows), ends)
+
+
+def chat_sequences(tokenizer, config: ProfilerConfig, context: int):
+    """The chat format: prompts of at most `context` tokens, each with its answer written out; the rows
+    predict the answer's key, the pass ends where the prompt does (the question is in it)."""
+    check_chat_template(tokenizer)
+    prompts = chat_prompts(tokenizer, context, config.samples, config.depths, config.haystack, config.seed)
+    for prompt in prompts:
+        sample = answered_chat(tokenizer, prompt)
+        spans = [sample.needle] * len(sample.rows)
+        answer = list(range(sample.prompt_end - 1, len(sample.ids) - 1))  # every token of the answer
+        yield ProfiledSequence(sample.ids, sample.rows, spans, (sample.prompt_end,), answer)
 
 
 @torch.no_grad()
@@ -192,11 +231,15 @@ def check_contexts_fit(config: ProfilerConfig, model_config) -> None:
 def profile_model(
     model, tokenizer, config: ProfilerConfig, model_name: str | None = None, progress: Progress | None = None
 ) -> dr.Profile:
-    """Measure and build the profile (scores: retrieval, else 1 − sink-window kept share); `progress`
-    as `measure` reports it."""
+    """Measure and build the profile, its scores as `config.chosen_score` says; `progress(done, total,
+    what)` over both passes (the attention measurements, then the answer loss for the `loss` score)."""
     check_contexts_fit(config, model.config)
+    report = progress or (lambda done, total, what: None)
+    passes = 2 if config.chosen_score == "loss" else 1
     started = time.perf_counter()
-    measured = measure(model, tokenizer, config, progress)
+    measured = measure(model, tokenizer, config, lambda done, total, what: report(done, total * passes, what))
+    if passes == 2:
+        measured["loss"] = answer_loss_score(model, tokenizer, config, report)
     seconds = time.perf_counter() - started
     settings = {"data": config.data, "samples": config.samples, "contexts": list(config.contexts), "seed": config.seed}
     shape = dr.shape_of_config(model.config)
@@ -205,18 +248,23 @@ def profile_model(
     measurements = {
         name: Measurement(_table(values), {**settings, **policy_settings(policies.get(name), config)}, "profiler")
         for name, values in measured.items()
+        if name != "loss"
     }
-    scores = measured["retrieval"] if "retrieval" in measured else 1.0 - measured[kept_name("sink_window")]
     archs = getattr(model.config, "architectures", None) or [None]
     info = dr.ModelInfo(shape, model_name, None, archs[0])
     deploy = dr.DeployDefaults.of(*config.policies())
-    source = {
-        "kind": "profiler",
-        "method": "attention (answer rows in blocks; Wu et al. arXiv 2404.15574)",
-        **settings,
-        "seconds": round(seconds, 2),
-    }
-    return dr.Profile(info, _table(scores), source, deploy, measurements)
+    source = {"kind": "profiler", "method": SCORE_METHODS[config.chosen_score], "score": config.chosen_score}
+    source |= {**settings, "format": config.format, "seconds": round(seconds, 2)}
+    return dr.Profile(info, _table(chosen_scores(measured, config.chosen_score)), source, deploy, measurements)
+
+
+def answer_loss_score(model, tokenizer, config: ProfilerConfig, report: Progress) -> torch.Tensor:
+    """[L, G]: streaming_loss over the profiler's sequences (their answer rows); progress continues the
+    attention pass's count."""
+    pairs = [(seq.ids, seq.loss_rows) for seq in sequences(tokenizer, config)]
+    window = dr.SinkWindow(config.sink, config.recent)
+    what = "sequences scored by answer loss"
+    return streaming_loss(model, pairs, window, lambda done: report(len(pairs) + done, 2 * len(pairs), what))
 
 
 def policy_settings(policy: dr.HeadPolicy | None, config: ProfilerConfig) -> dict[str, Any]:

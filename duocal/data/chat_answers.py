@@ -1,0 +1,61 @@
+"""A chat prompt with its answer written out, for measuring heads where users read them (`duocal profile
+--format chat`).
+
+The profiler scores the positions that predict the key in the assistant's answer ("The pass key is
+71432."), teacher-forced after the model's chat template, and the needle is the key's sentence in the
+user turn. Scores measured this way rank heads on the format a chat user sends, not on raw text
+ending in "The pass key is" (issue 38: raw-text scores let the quick-start profile garble chat answers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from duocal.data.chat_prompts import README_FRAMING, TEXT_FRAMING, ChatPrompt, chat_ids
+
+ANSWER = "The pass key is {key}."
+
+
+@dataclass(frozen=True)
+class AnsweredChat:
+    """Token ids of prompt + answer, the needle's token span [start, end), the rows that predict the key,
+    and where the prompt ends (the answer's first position)."""
+
+    ids: list[int]
+    needle: tuple[int, int]
+    rows: list[int]
+    prompt_end: int
+
+
+def answered_chat(tokenizer, prompt: ChatPrompt) -> AnsweredChat:
+    """`prompt` in the chat template, the assistant's answer appended; raises `ValueError` when the
+    tokenizer cannot map the needle's characters to tokens (no offsets, or a template that splits it)."""
+    framing = README_FRAMING if prompt.haystack == "repeated" else TEXT_FRAMING
+    needle = framing.needle.format(key=prompt.key).strip()  # its spaces belong to the tokens around it
+    messages = [{"role": "user", "content": prompt.text}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt_ids = chat_ids(tokenizer, prompt.text)
+    start = rendered.index(prompt.text) + prompt.text.index(needle)
+    span = token_span(tokenizer, rendered, prompt_ids, (start, start + len(needle)))
+    answer_ids = tokenizer(ANSWER.format(key=prompt.key), add_special_tokens=False)["input_ids"]
+    key_ids = tokenizer(ANSWER.format(key=prompt.key)[: -len(f"{prompt.key}.")], add_special_tokens=False)
+    first_key = len(prompt_ids) + len(key_ids["input_ids"])
+    key_count = len(answer_ids) - len(key_ids["input_ids"]) - 1  # the final "." is not the key
+    if key_count < 1:
+        raise ValueError(f"the tokenizer merges the answer's key {prompt.key} with the text around it")
+    rows = list(range(first_key - 1, first_key - 1 + key_count))
+    return AnsweredChat(prompt_ids + list(answer_ids), span, rows, len(prompt_ids))
+
+
+def token_span(tokenizer, rendered: str, ids: list[int], chars: tuple[int, int]) -> tuple[int, int]:
+    """The tokens [start, end) of `ids` (= `rendered` tokenized) that overlap the characters `chars`."""
+    try:
+        encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError as error:  # slow tokenizers have no offsets
+        raise ValueError("the chat format needs a fast tokenizer (character offsets); use --format digits") from error
+    if list(encoded["input_ids"]) != ids:
+        raise ValueError(
+            "the chat template's tokens differ from its text's: cannot place the needle; use --format digits"
+        )
+    inside = [i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a < chars[1] and b > chars[0]]
+    return inside[0], inside[-1] + 1

@@ -1,0 +1,78 @@
+"""`duocal profile` on chat prompts (issue 38): the answer written out after the chat template, the needle
+placed in tokens, heads scored by the answer's loss; the default for a model with a chat template."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from duocal.cli.app import app
+from duocal.data.chat_answers import ANSWER, answered_chat
+from duocal.data.chat_prompts import chat_ids, chat_prompts
+from duocal.models import fetch_model, load_tokenizer
+from duocal.profiling import ProfilerConfig
+
+NAME = "smollm2-135m-instruct"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(fetch_model(NAME))
+
+
+@pytest.mark.parametrize("haystack", ["repeated", "text"])
+def test_the_answer_follows_the_prompt_and_its_rows_predict_the_key(tokenizer, haystack):
+    for prompt in chat_prompts(tokenizer, 600, 3, (0.25, 0.5, 0.75), haystack, seed=5):
+        sample = answered_chat(tokenizer, prompt)
+        assert sample.ids[: sample.prompt_end] == chat_ids(tokenizer, prompt.text)
+        assert tokenizer.decode(sample.ids[sample.prompt_end :]) == ANSWER.format(key=prompt.key)
+        predicted = tokenizer.decode([sample.ids[row + 1] for row in sample.rows])
+        assert predicted.strip() == str(prompt.key) and min(sample.rows) >= sample.prompt_end
+        needle = tokenizer.decode(sample.ids[sample.needle[0] : sample.needle[1]]).strip()
+        assert needle.startswith(f"The pass key is {prompt.key}.") and needle.endswith(
+            f"{prompt.key} is the pass key." if haystack == "repeated" else "Remember it."
+        )
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(format="chat", haystack="synthetic"), "the chat format's haystack must be repeated, text"),
+        (dict(format="chat", haystack="repeated", num_passkeys=2), "hides one key per prompt"),
+        (dict(format="chat", haystack="repeated", depths=(1.5,)), "depths must be in [0, 1]"),
+        (dict(score="gates"), "score must be one of loss, retrieval, kept"),
+        (dict(data="text", text="a. b. c.", score="retrieval"), "text windows have no needle"),
+    ],
+)
+def test_chat_and_score_settings_are_checked(settings, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        ProfilerConfig(**settings)
+
+
+def test_chosen_score_follows_the_data():
+    assert ProfilerConfig(format="chat", haystack="repeated").chosen_score == "loss"
+    assert ProfilerConfig().chosen_score == "retrieval"
+    assert ProfilerConfig(data="text", text="a. b.").chosen_score == "kept"
+    assert ProfilerConfig(score="loss").chosen_score == "loss"
+
+
+def test_cli_profiles_a_chat_model_on_chat_prompts_by_answer_loss(tmp_path):
+    out = tmp_path / "chat.json"
+    args = ["profile", NAME, "--contexts", "700", "--samples", "1", "--sink", "16", "--recent", "128"]
+    result = runner.invoke(app, [*args, "--kv-bits", "none", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    profile = json.loads(out.read_text())
+    assert profile["source"]["score"] == "loss" and profile["source"]["format"] == "chat"
+    scores = [s for row in profile["scores"] for s in row]
+    assert min(scores) == 0.0 and max(scores) == 1.0 and len(set(scores)) > 80  # ranked, hardly any ties
+    assert {"retrieval", "kept:sink_window"} <= set(profile["measurements"])  # mixed plans still get them
+    assert "profile: 2/2 (100%), " in result.stderr and "answer loss" in result.stderr  # both passes counted
+
+
+def test_cli_refuses_the_chat_format_for_a_tokenizer_without_a_chat_template(tmp_path):
+    result = runner.invoke(
+        app, ["profile", "--format", "chat", "--haystack", "repeated", "--output", str(tmp_path / "x.json")]
+    )
+    assert result.exit_code == 1 and "chat template" in result.output, result.output
+    assert not (tmp_path / "x.json").exists()
