@@ -12,6 +12,8 @@ import typer
 from duocal.reports.progress import stderr_progress
 
 from .options import (
+    CHAT_DEPTHS_TEXT,
+    DepthsOpt,
     JsonOpt,
     KvBitsOpt,
     MixPoliciesOpt,
@@ -81,9 +83,7 @@ def passkey(
             "repeated, text or a .txt file (default: repeated; the demo model synthetic)."
         ),
     ] = None,
-    depths: Annotated[
-        str, typer.Option(help="Chat format: where the key sits in the haystack (0 start, 1 end), in turn.")
-    ] = "0.25,0.5,0.75",
+    depths: DepthsOpt = CHAT_DEPTHS_TEXT,
     answer_tokens: Annotated[int, typer.Option(help="Chat format: the most tokens of the free answer.")] = 16,
     passkeys: Annotated[
         Optional[int],

@@ -44,6 +44,10 @@ KvBitsOpt = Annotated[
     typer.Option(help="Bits full heads store keys and values in, one row each: 16, 8, 4 (KIVI codes below 16)."),
 ]
 RandomSeedsOpt = Annotated[int, typer.Option(help="Head draws for 'random' (mean, min, max).")]
+DepthsOpt = Annotated[
+    str, typer.Option(help="Chat format: where the key sits in the haystack (0 start, 1 end), in turn.")
+]
+CHAT_DEPTHS_TEXT = "0.25,0.5,0.75"  # duocal.data.chat_prompts.CHAT_DEPTHS, without importing it here
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")]
 OutputFileOpt = Annotated[Path, typer.Option("--output", "-o", help="Profile JSON to write.")]
 

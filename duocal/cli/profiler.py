@@ -11,7 +11,7 @@ from duocal.profiling.seed import PROFILER_SEED
 from duocal.reports.progress import stderr_progress
 from duocal_runtime.profile.format_version import VERSION as PROFILE_VERSION
 
-from .options import split
+from .options import CHAT_DEPTHS_TEXT, DepthsOpt, split
 from .user_errors import user_errors
 
 PROFILER_EPILOG = """Examples:
@@ -72,9 +72,7 @@ def profiler_command(
             "else synthetic)."
         ),
     ] = None,
-    depths: Annotated[
-        str, typer.Option(help="Chat format: where the key sits in the haystack (0 start, 1 end), in turn.")
-    ] = "0.25,0.5,0.75",
+    depths: DepthsOpt = CHAT_DEPTHS_TEXT,
     score: Annotated[
         Optional[str],
         typer.Option(

@@ -76,3 +76,10 @@ def test_cli_refuses_the_chat_format_for_a_tokenizer_without_a_chat_template(tmp
     )
     assert result.exit_code == 1 and "chat template" in result.output, result.output
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_cli_default_depths_are_the_chat_prompts_own():
+    from duocal.cli.options import CHAT_DEPTHS_TEXT
+    from duocal.data.chat_prompts import CHAT_DEPTHS
+
+    assert tuple(float(d) for d in CHAT_DEPTHS_TEXT.split(",")) == CHAT_DEPTHS
