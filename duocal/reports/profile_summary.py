@@ -90,6 +90,7 @@ def profile_summary(
         "head_dim": profile.shape.head_dim,
         "fingerprint": profile.shape.fingerprint,
         "source": profile.source.get("kind"),
+        "score": profile.source.get("score"),  # what ranked the heads, for a profiler's profile
         "sparsity": plan.sparsity,
         "policy": _bounded_policy(plan),
         "retrieval_heads_per_layer": plan.retrieval_heads_per_layer,
@@ -119,7 +120,7 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     console.print(
         f"[bold]{escape(str(s['model'] or 'unnamed model'))}[/] ({escape(str(s['architecture'] or '?'))}), "
-        f"source: {escape(str(s['source']))}"
+        f"source: {escape(str(s['source']))}" + (f" (scores: {escape(str(s['score']))})" if s.get("score") else "")
     )
     console.print(
         f"{s['num_layers']} layers x {s['num_kv_heads']} KV heads ({s['num_attention_heads']} query heads, "

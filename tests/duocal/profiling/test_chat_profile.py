@@ -68,6 +68,8 @@ def test_cli_profiles_a_chat_model_on_chat_prompts_by_answer_loss(tmp_path):
     assert min(scores) == 0.0 and max(scores) == 1.0 and len(set(scores)) > 80  # ranked, hardly any ties
     assert {"retrieval", "kept:sink_window"} <= set(profile["measurements"])  # mixed plans still get them
     assert "profile: 2/2 (100%), " in result.stderr and "answer loss" in result.stderr  # both passes counted
+    shown = runner.invoke(app, ["profiles", "show", str(out)])
+    assert shown.exit_code == 0 and "source: profiler (scores: loss)" in shown.output, shown.output
 
 
 def test_cli_refuses_the_chat_format_for_a_tokenizer_without_a_chat_template(tmp_path):
