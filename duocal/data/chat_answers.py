@@ -4,7 +4,8 @@
 The profiler scores the positions that predict the key in the assistant's answer ("The pass key is
 71432."), teacher-forced after the model's chat template, and the needle is the key's sentence in the
 user turn. Scores measured this way rank heads on the format a chat user sends, not on raw text
-ending in "The pass key is" (issue 38: raw-text scores let the quick-start profile garble chat answers).
+ending in "The pass key is" (issue 38: ranked on raw text, the quick-start profile missed 2 more chat
+answers in 8 than full attention at 0.5).
 """
 
 from __future__ import annotations
@@ -37,18 +38,17 @@ def answered_chat(tokenizer, prompt: ChatPrompt) -> AnsweredChat:
     prompt_ids = chat_ids(tokenizer, prompt.text)
     start = rendered.index(prompt.text) + prompt.text.index(needle)
     span = token_span(tokenizer, rendered, prompt_ids, (start, start + len(needle)))
-    answer_ids = tokenizer(ANSWER.format(key=prompt.key), add_special_tokens=False)["input_ids"]
-    key_ids = tokenizer(ANSWER.format(key=prompt.key)[: -len(f"{prompt.key}.")], add_special_tokens=False)
-    first_key = len(prompt_ids) + len(key_ids["input_ids"])
-    key_count = len(answer_ids) - len(key_ids["input_ids"]) - 1  # the final "." is not the key
-    if key_count < 1:
-        raise ValueError(f"the tokenizer merges the answer's key {prompt.key} with the text around it")
-    rows = list(range(first_key - 1, first_key - 1 + key_count))
-    return AnsweredChat(prompt_ids + list(answer_ids), span, rows, len(prompt_ids))
+    answer = ANSWER.format(key=prompt.key)
+    answer_ids = list(tokenizer(answer, add_special_tokens=False)["input_ids"])
+    at = answer.index(str(prompt.key))
+    first, end = token_span(tokenizer, answer, answer_ids, (at, at + len(str(prompt.key))))
+    rows = [len(prompt_ids) + i - 1 for i in range(first, end)]  # each row predicts the next token: the key's
+    return AnsweredChat(prompt_ids + answer_ids, span, rows, len(prompt_ids))
 
 
 def token_span(tokenizer, rendered: str, ids: list[int], chars: tuple[int, int]) -> tuple[int, int]:
-    """The tokens [start, end) of `ids` (= `rendered` tokenized) that overlap the characters `chars`."""
+    """The tokens [start, end) of `ids` (= `rendered` tokenized) that overlap the characters `chars`
+    (a token holding the key and a neighbour counts: offsets, not a second tokenization, decide)."""
     try:
         encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
     except NotImplementedError as error:  # slow tokenizers have no offsets

@@ -2,9 +2,12 @@
 attention on calibration data, written as a profile (`duocal profile`).
 
 Data: passkey samples (one question each; the rows are the positions that predict the answer and
-the retrieval score looks at the queried needle), or windows of a text file (the rows are the last
-`text_rows` positions of each window; no retrieval score). The profile's scores are the retrieval
-score (passkey data) or 1 − the sink window's kept share (text); its measurements are
+the retrieval score looks at the queried needle), chat prompts with their answer written out (the
+`chat` format: data/chat_answers.py), or windows of a text file (the rows are the last `text_rows`
+positions of each window; no retrieval score). The profile's scores (`score`, profile_scores.py)
+are the answer's loss rise when one head streams (chat; a second pass with a backward pass,
+streaming_loss.py), the retrieval score (other passkeys) or 1 − the sink window's kept share
+(text); its measurements are
 `retrieval`, `kept:<policy>` for sink_window, h2o, sink_h2o and snapkv at the same capacity per
 head, and `error:full-kv8` / `error:full-kv4` (what KIVI codes change in a full head's output,
 quantization_error.py), which let the mixed planner choose a width per head. snapkv is
