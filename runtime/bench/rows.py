@@ -109,6 +109,7 @@ def _set_counters(layer, context: int, device) -> None:
         layer.real = mark_static(torch.tensor([context], device=device))
     else:
         layer.seen, layer.real = context, torch.tensor([context], device=device)
+    layer._place_head_indices(device)  # as a real prefill does: no host-to-device copy in a (captured) step
     layer.is_initialized = True
 
 

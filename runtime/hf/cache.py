@@ -50,6 +50,7 @@ class DuoCacheLayer(CacheLayerMixin):
         self.seen = 0
         self.real: torch.Tensor | None = None  # [B] real (unpadded) tokens seen per row
         self._indices = [self._head_indices(g.kv_heads) for g in self.groups]
+        self._indices_device: torch.device | None = None  # where _place_head_indices put them
 
     def _head_indices(self, kv_heads: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         if len(self.groups) == 1:
@@ -138,10 +139,20 @@ class DuoCacheLayer(CacheLayerMixin):
         """Run `method(group)(q, k, v, step)` for every group on its own heads; one output [B, H, T, D]."""
         if len(self.groups) == 1:
             return method(self.groups[0])(q, k, v, step)
+        if not torch.compiler.is_compiling():
+            self._place_head_indices(q.device)
         out = q.new_empty(q.shape)
         for group, (kv_idx, q_idx) in zip(self.groups, self._indices):
             out[:, q_idx] = method(group)(q[:, q_idx], k[:, kv_idx], v[:, kv_idx], step)
         return out
+
+    def _place_head_indices(self, device: torch.device) -> None:
+        """Keep the head indices on the device of the heads, at fixed addresses: CPU indices put a
+        host-to-device copy in every step, which CUDA graph capture refuses (mixed layers crashed
+        the compiled decode step on CUDA)."""
+        if len(self.groups) > 1 and self._indices_device != device:
+            self._indices = [(mark_static(kv.to(device)), mark_static(q.to(device))) for kv, q in self._indices]
+            self._indices_device = device
 
     # --- inspection -----------------------------------------------------------------------
     def nbytes(self) -> int:

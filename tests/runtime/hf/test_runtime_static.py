@@ -152,3 +152,20 @@ def test_compiling_the_static_decode_on_an_unsupported_device_says_so(monkeypatc
             step = torch.compile(model.forward, fullgraph=True)
             with pytest.raises(Exception, match="does not support torch.compile on cpu"):
                 step(input_ids=ids[:, :1], position_ids=torch.tensor([[12]]), cache=cache)
+
+
+def test_mixed_layers_move_their_head_indices_to_the_heads_device_at_fixed_addresses():
+    """A layer with several groups indexes its heads; indices left on the CPU put a host-to-device copy
+    in every decode step, which CUDA graph capture refuses (generate() crashed on an H200). The first
+    eager pass puts them on the heads' device and marks their addresses static."""
+    model = tiny_model("llama")
+    ids, _ = left_padded_batch([12])
+    with dr.apply(model, mixed_plan(model)) as runtime:
+        cache = runtime.new_cache(max_length=32)
+        with torch.no_grad():
+            model(input_ids=ids, cache=cache)
+    for layer in cache.layers:
+        for indices in layer._indices:
+            assert all(getattr(i, "_dynamo_static_input_type", None) for i in indices), "not at fixed addresses"
+        layer._place_head_indices(torch.device("meta"))  # heads on another device than the indices
+        assert all(i.device.type == "meta" for indices in layer._indices for i in indices)
