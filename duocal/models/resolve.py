@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .fetch import MARKER, ModelFetchError, cached_model, fetch_model, give_umask_modes, models_dir, sha256_file
+from .fetch import (
+    MARKER,
+    ModelFetchError,
+    cached_model,
+    fetch_model,
+    give_umask_modes,
+    is_complete,
+    models_dir,
+    sha256_file,
+)
 from .gguf import convert_gguf
 from .known import KNOWN_MODELS
 
@@ -166,7 +175,7 @@ def converted_gguf(gguf: Path, cache_dir: Path | None = None) -> Path:
     digest = sha256_file(gguf)
     root = models_dir(cache_dir)
     final = root / f"gguf-{digest[:16]}"
-    if (final / MARKER).is_file():
+    if is_complete(final):
         return final
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".convert-") as tmp:
@@ -174,7 +183,7 @@ def converted_gguf(gguf: Path, cache_dir: Path | None = None) -> Path:
         convert_gguf(gguf, built)
         (built / MARKER).write_text(json.dumps({"from": str(gguf.resolve()), "gguf_sha256": digest}, indent=2) + "\n")
         give_umask_modes(built)
-        if not (final / MARKER).is_file():
+        if not is_complete(final):
             if final.exists():
                 shutil.rmtree(final)
             os.replace(built, final)

@@ -4,6 +4,8 @@
 #   runtime/bench/gpu.sh 32k       # dynamic, static, full, full-compiled, stream50/75, h2o50 at 32k (~3 min)
 #   runtime/bench/gpu.sh 128k      # dynamic, stream50/75, then static and stream50/75 compiled, at 128k (~3.5 min)
 #   runtime/bench/gpu.sh           # all three
+#   runtime/bench/gpu.sh serve     # serving: plain continuous batching vs duo 50% / 75%, 16 requests of 16k-32k
+#                                  # tokens, random weights and scores, pool = 4 plain requests (not run yet)
 # Results go to ${OUT:-out/gpu}. The device machine has torch 2.11 and an older transformers; bring
 # transformers 5.24 as a wheel (here, before the run), for the device's Python 3.12:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d wheels transformers==5.24.0
@@ -11,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 stage=${1:-all}
-case "$stage" in check|32k|128k|all) ;; *) echo "unknown stage '$stage': give check, 32k, 128k or nothing (all)" >&2; exit 2;; esac
+case "$stage" in check|32k|128k|all|serve) ;; *) echo "unknown stage '$stage': give check, 32k, 128k, serve or nothing (all but serve)" >&2; exit 2;; esac
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT" /tmp/duocal-pkgs
 PYTHON=${PYTHON:-python3}
@@ -34,4 +36,9 @@ if [ "$stage" = 128k ] || [ "$stage" = all ]; then
     --out "$OUT/bench-128k-eager.json" 2>&1 | tee "$OUT/bench-128k-eager.txt"
   $BENCH --contexts 131072 --rows static,stream50-compiled,stream75-compiled \
     --out "$OUT/bench-128k-compiled.json" 2>&1 | tee "$OUT/bench-128k-compiled.txt"
+fi
+if [ "$stage" = serve ]; then
+  "$PYTHON" -m duocal_runtime.bench.serving --shape llama3-8b --device cuda --dtype bfloat16 --requests 16 \
+    --prompt 16384:32768 --new 64:128 --plain-requests 4 --rows plain,duo50,duo75 \
+    --out "$OUT/serving.json" 2>&1 | tee "$OUT/serving.txt"
 fi

@@ -3,6 +3,7 @@
     python -m duocal_runtime.bench.serving --model DIR --profile NAME_OR_FILE \
         [--requests 32] [--prompt 2048:4096] [--new 64:128] [--arrivals burst|poisson:RATE] \
         [--plain-requests 4 | --kv-memory 2GiB] [--rows plain,full,duo50,duo75,h2o50,duo50-kv4] [--out F.json]
+    python -m duocal_runtime.bench.serving --shape llama3-8b --device cuda --dtype bfloat16 ...   # random weights
 
 Every row serves the same requests (prompt lengths and new tokens drawn from the ranges with one
 seed; `burst`: all at once, `poisson:R`: open-loop arrivals at R requests/s) from a pool of the
@@ -24,6 +25,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
+import torch
 from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
 
 import duocal_runtime as dr
@@ -34,6 +36,7 @@ from ..hf.apply import apply
 from ..paged.pool_size import plain_request_bytes, pool_blocks, pool_config
 from ..paged.quantized_pages import page_size_for
 from ..planning.budget import Budget
+from .shapes import SHAPES, bench_model, random_scores_profile
 
 SERVING_ROWS = ("plain", "full", "duo50", "duo75", "h2o50")
 PAGE = 16
@@ -185,6 +188,20 @@ def serve_row(model, row: str, plan, requests, kv_bytes: float, max_batch_tokens
     return result
 
 
+def model_and_profile(args) -> tuple:
+    """The model to serve and the profile of its duo rows: a saved model with its profile, or random weights of
+    `--shape` (built on the device, seconds even at 8B) with seeded random scores, whose plans mix policies
+    within layers as real profiles do."""
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    if args.shape:
+        model = bench_model(args.shape, args.device, dtype or torch.float32, args.prompt[1] + args.new[1] + 64)
+        profile = dr.load_profile(args.profile) if args.profile else random_scores_profile(model.config)
+        return model, profile
+    kwargs = {"dtype": dtype} if dtype else {}
+    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa", **kwargs)
+    return model.to(args.device).eval(), dr.load_profile(args.profile)
+
+
 def print_serving_table(results: list[RowResult]) -> None:
     base = next((r for r in results if r.row == "plain"), results[0])
     held, speed = (lambda r: r.held_max / base.held_max), (lambda r: r.tok_per_s / base.tok_per_s)
@@ -219,8 +236,10 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", required=True, help="a transformers model folder (e.g. `duocal models fetch ...`)")
-    ap.add_argument("--profile", required=True, help="a profile file or prebuilt name for the duo rows")
+    ap.add_argument("--model", help="a transformers model folder (e.g. `duocal models fetch ...`)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), help="instead of --model: random weights of this shape")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: the model's own")
+    ap.add_argument("--profile", help="a profile file or prebuilt name for the duo rows (--shape: random scores)")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--prompt", type=parse_range, default=(2048, 4096), help="prompt tokens, LO:HI")
     ap.add_argument("--new", type=parse_range, default=(64, 128), help="new tokens, LO:HI")
@@ -235,9 +254,13 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="bench-serving.json")
     args = ap.parse_args(argv)
+    if (args.model is None) == (args.shape is None):
+        ap.error("give --model DIR (with --profile) or --shape NAME (random weights)")
+    if args.model and not args.profile:
+        ap.error("--model needs --profile (a profile made for that model, or a prebuilt name)")
     check_output(args.out)  # before any work
-    model = AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa").to(args.device).eval()
-    shape, profile = dr.shape_of_config(model.config), dr.load_profile(args.profile)
+    model, profile = model_and_profile(args)
+    shape = dr.shape_of_config(model.config)
     requests = workload(args.requests, args.prompt, args.new, args.arrivals, model.config.vocab_size)
     context = args.prompt[1] + args.new[1]
     plain_request = plain_request_bytes(shape, model.dtype, context, PAGE)

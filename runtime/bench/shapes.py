@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+import duocal_runtime as dr
 
 SHAPES = {
     # the CPU default: Llama proportions, small enough for 32k contexts on 2 cores
@@ -64,3 +68,12 @@ def weight_bytes_read(model) -> int:
             total += p.numel() * p.element_size()
     embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     return total if embed.data_ptr() == head.data_ptr() else total - embed.numel() * embed.element_size()
+
+
+def random_scores_profile(config, seed: int = 0) -> dr.Profile:
+    """A profile of seeded random scores for a random-weight model: any head choice is as good there, and random
+    scores put heads of different policies in one layer, as real profiles do (the layout a plan runs)."""
+    shape, rng = dr.shape_of_config(config), random.Random(seed)
+    scores = [[rng.random() for _ in range(shape.num_key_value_heads)] for _ in range(shape.num_hidden_layers)]
+    info = dr.ModelInfo(shape, f"random weights ({config.model_type})", None, "LlamaForCausalLM")
+    return dr.Profile(info, scores, {"kind": "random scores", "seed": seed})

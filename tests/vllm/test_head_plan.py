@@ -6,7 +6,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from duocal_vllm.head_plan import DuoVllmError, check_balanced, load_head_table, settings_of
+from duocal_vllm.head_plan import (
+    DuoVllmError,
+    check_balanced,
+    check_streaming_heads_run_here,
+    load_head_table,
+    settings_of,
+)
 from duocal_vllm.sink_window_backend import page_layout
 
 from conftest import PROFILE, SMOLLM2
@@ -66,3 +72,13 @@ def test_tensor_parallel_plans_are_balanced_and_unbalanced_ones_refused():
         check_balanced(plain, 3)
     with pytest.raises(DuoVllmError, match="tensor parallel size 2 does not divide the model's 3 KV heads"):
         check_balanced(plain, 2)
+
+
+def test_streaming_heads_are_refused_off_vllm_cpu_with_what_to_do_there():
+    mixed = load_head_table(config(profile=str(PROFILE), sparsity=0.5), 128, {})
+    with pytest.raises(DuoVllmError, match=r"45 streaming \(sink_window\) heads.*on cuda that path is not built.*"
+                       r"DUOCAL_SPARSITY=0.*duocal serve without --engine vllm"):  # fmt: skip
+        check_streaming_heads_run_here(mixed, "cuda", is_cpu=False)
+    check_streaming_heads_run_here(mixed, "cpu", is_cpu=True)
+    all_full = load_head_table(config(profile=str(PROFILE), sparsity=0), 128, {})
+    check_streaming_heads_run_here(all_full, "cuda", is_cpu=False)

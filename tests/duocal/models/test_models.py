@@ -102,7 +102,7 @@ def test_a_gguf_file_is_converted_once_into_the_cache(tmp_path, monkeypatch):
     def fake_convert(gguf, out_dir):
         calls.append(gguf)
         out_dir.mkdir()
-        (out_dir / "config.json").write_text("{}")
+        (out_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')  # as convert_gguf writes
 
     monkeypatch.setattr(resolve_module, "convert_gguf", fake_convert)
     gguf = tmp_path / "tiny.gguf"
@@ -123,3 +123,24 @@ def test_cli_models_list_and_fetch_errors(tmp_path, monkeypatch):
     assert bad.exit_code == 1 and bad.output.startswith("error: unknown model 'nope'")
     offline = runner.invoke(app, ["models", "fetch", NAME, "--offline"])
     assert offline.exit_code == 1 and "offline mode is on" in offline.output
+
+
+def test_a_cached_folder_without_architectures_is_fetched_again(tmp_path, monkeypatch):
+    """Fetches of 2026-12-03/04 wrote config.json without `architectures` (vLLM refuses such a folder): such a
+    folder no longer counts as cached; offline, the error says so and what to do."""
+    from duocal.models import fetch as fetch_module
+
+    folder = tmp_path / "models" / NAME
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text("{}")
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ModelFetchError, match="older duocal without `architectures`.*duocal models fetch"):
+        fetch_model(NAME, offline=True, cache_dir=tmp_path)
+
+    def fake_fetch(root, known, name):  # what _fetch_into leaves: a whole folder with architectures
+        (root / name / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["X"]}))
+        return root / name
+
+    monkeypatch.setattr(fetch_module, "_fetch_into", fake_fetch)
+    assert fetch_model(NAME, cache_dir=tmp_path) == folder
+    assert fetch_model(NAME, offline=True, cache_dir=tmp_path) == folder  # now complete

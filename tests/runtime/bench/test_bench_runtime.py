@@ -145,3 +145,28 @@ def test_serving_benchmark_serves_every_request_and_keeps_each_row_it_measured(t
     assert "duo75" in capsys.readouterr().out
     with pytest.raises(IsADirectoryError):  # an output that cannot be written is refused before any work
         serving.main([*args, "--out", str(tmp_path)])
+
+
+def test_serving_benchmark_on_random_weights_of_a_shape_plans_mixed_layers(tmp_path):
+    """`--shape` serves random weights with seeded random scores (what a GPU run uses at 8B): its duo plans put
+    heads of both policies in one layer, as real profiles do, and every request's tokens come back."""
+    from transformers import LlamaConfig
+
+    from duocal_runtime.bench import serving
+    from duocal_runtime.bench.shapes import SHAPES, random_scores_profile
+
+    out = tmp_path / "serving.json"
+    args = ["--shape", "tiny", "--requests", "3", "--prompt", "900:1000", "--new", "2:3", "--rows", "plain,duo50"]
+    serving.main([*args, "--out", str(out)])
+    rows = {r["row"]: r for r in json.loads(out.read_text())["rows"]}
+    news = [r.new for r in serving.workload(3, (900, 1000), (2, 3), "burst", 1000)]
+    assert all(r["output_tokens"] == sum(news) for r in rows.values())
+    assert rows["duo50"]["kv_bytes_per_request"] < rows["plain"]["kv_bytes_per_request"]
+    config = LlamaConfig(**SHAPES["llama3-8b"])  # the shape a GPU run serves (no weights needed for its plan)
+    plan = dr.plan(random_scores_profile(config), sparsity=0.5)
+    assert any(len({p.name for p in row}) == 2 for row in plan.policies), "no layer mixes policies"
+    assert random_scores_profile(config).scores == random_scores_profile(config).scores  # seeded
+    with pytest.raises(SystemExit):  # neither or both of --model / --shape: refused before any work
+        serving.main(["--rows", "plain", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit):
+        serving.main(["--shape", "tiny", "--model", "m", "--profile", "p", "--out", str(tmp_path / "x.json")])
