@@ -144,14 +144,20 @@ def test_compiling_the_static_decode_on_an_unsupported_device_says_so(monkeypatc
 
     monkeypatch.setattr(cache_module, "COMPILE_DEVICES", ("cuda",))  # as if this CPU were such a device
     model = tiny_model("llama")
-    ids, _ = left_padded_batch([12])
     with dr.apply(model, mixed_plan(model)) as runtime:
-        cache = runtime.new_cache(max_length=32)
-        with torch.no_grad():
-            model(input_ids=ids, cache=cache)
-            step = torch.compile(model.forward, fullgraph=True)
-            with pytest.raises(Exception, match="does not support torch.compile on cpu"):
-                step(input_ids=ids[:, :1], position_ids=torch.tensor([[12]]), cache=cache)
+        ids, cache = prefilled_static_cache(model, runtime)
+        step = torch.compile(model.forward, fullgraph=True)
+        with torch.no_grad(), pytest.raises(Exception, match="does not support torch.compile on cpu"):
+            step(input_ids=ids[:, :1], position_ids=torch.tensor([[12]]), cache=cache)
+
+
+def prefilled_static_cache(model, runtime):
+    """A 12-token prompt prefilled into a fresh static cache of 32 slots: (ids, cache)."""
+    ids, _ = left_padded_batch([12])
+    cache = runtime.new_cache(max_length=32)
+    with torch.no_grad():
+        model(input_ids=ids, cache=cache)
+    return ids, cache
 
 
 def test_mixed_layers_move_their_head_indices_to_the_heads_device_at_fixed_addresses():
@@ -159,11 +165,8 @@ def test_mixed_layers_move_their_head_indices_to_the_heads_device_at_fixed_addre
     in every decode step, which CUDA graph capture refuses (generate() crashed on an H200). The first
     eager pass puts them on the heads' device and marks their addresses static."""
     model = tiny_model("llama")
-    ids, _ = left_padded_batch([12])
     with dr.apply(model, mixed_plan(model)) as runtime:
-        cache = runtime.new_cache(max_length=32)
-        with torch.no_grad():
-            model(input_ids=ids, cache=cache)
+        _, cache = prefilled_static_cache(model, runtime)
     for layer in cache.layers:
         for indices in layer._indices:
             assert all(getattr(i, "_dynamo_static_input_type", None) for i in indices), "not at fixed addresses"
