@@ -4,7 +4,7 @@
     python -m duocal_runtime.bench --device cuda --dtype bfloat16 --shape llama3-8b --contexts 32768,131072
 
 Rows (see rows.py): `dynamic` (DynamicCache, the baseline of every ratio), `static` (StaticCache,
-decode compiled), `full`, `stream50`, `stream75`, `h2o50` (duocal plans) and their `-compiled`
+decode compiled), `full`, `stream50`, `stream75`, `mixed50`, `mixed75`, `h2o50` (duocal plans) and their `-compiled`
 variants (duocal's static cache, decode compiled); `full-kv8`, `full-kv4`, `stream50-kv4` (full
 heads in KIVI codes) and `quanto4` / `hqq8` / `hqq4` (transformers' QuantizedCache with
 optimum-quanto or HQQ, quant/hf_baselines.py; their `kv_vs_min` is against duocal's codes at the same

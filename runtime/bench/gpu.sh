@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU run of the runtime benchmark, in stages that each fit a 10-minute device call:
 #   runtime/bench/gpu.sh check     # correctness on CUDA + the decode-layout measurement (~1.5 min)
-#   runtime/bench/gpu.sh 32k       # dynamic, static, full, full-compiled, stream50/75, h2o50 at 32k (~3 min)
-#   runtime/bench/gpu.sh 128k      # dynamic, stream50/75, then static and stream50/75 compiled, at 128k (~3.5 min)
+#   runtime/bench/gpu.sh 32k       # dynamic, static, full, full-compiled, stream50/75, mixed50, h2o50 at 32k (~3.5 min)
+#   runtime/bench/gpu.sh 128k      # dynamic, stream50/75, then static, stream50/75 and mixed50/75 compiled (~5 min)
 #   runtime/bench/gpu.sh           # all three
 #   runtime/bench/gpu.sh serve     # serving: plain continuous batching vs duo 50% / 75%, 16 requests of 16k-32k
 #                                  # tokens, random weights and scores, pool = 4 plain requests (not run yet)
@@ -27,14 +27,14 @@ if [ "$stage" = check ] || [ "$stage" = all ]; then
   "$PYTHON" -m duocal_runtime.bench.gpu_check 2>&1 | tee "$OUT/gpu_check.txt"
 fi
 if [ "$stage" = 32k ] || [ "$stage" = all ]; then
-  $BENCH --contexts 32768 --rows dynamic,static,full,full-compiled,stream50,stream75,h2o50 \
+  $BENCH --contexts 32768 --rows dynamic,static,full,full-compiled,stream50,stream75,mixed50,h2o50 \
     --out "$OUT/bench-32k.json" 2>&1 | tee "$OUT/bench-32k.txt"
 fi
 if [ "$stage" = 128k ] || [ "$stage" = all ]; then
   # two runs: a compiled row that fails must not lose the eager rows (results are written at the end of a run)
   $BENCH --contexts 131072 --rows dynamic,stream50,stream75 \
     --out "$OUT/bench-128k-eager.json" 2>&1 | tee "$OUT/bench-128k-eager.txt"
-  $BENCH --contexts 131072 --rows static,stream50-compiled,stream75-compiled \
+  $BENCH --contexts 131072 --rows static,stream50-compiled,stream75-compiled,mixed50-compiled,mixed75-compiled \
     --out "$OUT/bench-128k-compiled.json" 2>&1 | tee "$OUT/bench-128k-compiled.txt"
 fi
 if [ "$stage" = serve ]; then

@@ -5,7 +5,8 @@
 | `dynamic` | transformers `DynamicCache` | sdpa (the baseline of every ratio) |
 | `static` | transformers `StaticCache` | sdpa, decode compiled |
 | `full` | duocal, all heads `full` | duocal |
-| `stream50` / `stream75` | duocal, 50% / 75% of KV heads sink 64 + recent 256 | duocal |
+| `stream50` / `stream75` | duocal, the first 50% / 75% of KV heads sink 64 + recent 256 (whole layers) | duocal |
+| `mixed50` / `mixed75` | the same, heads drawn at random (seed 0): layers mix policies, as in real profiles | duocal |
 | `h2o50` | duocal, H2O on every head at the KV bytes of `stream50` | duocal |
 | `full-kv8` / `full-kv4` / `stream50-kv4` | duocal, full heads in 8- / 4-bit KIVI codes | duocal, blocked over codes |
 | `h2o50-kv4` | duocal, `h2o50` with each slot in 4-bit codes of its own token | duocal, slots decoded |
@@ -14,6 +15,8 @@
 """
 
 from __future__ import annotations
+
+import random
 
 import torch
 from transformers import DynamicCache, StaticCache
@@ -24,7 +27,7 @@ from duocal_runtime.quant import hf_baselines as H
 from duocal_runtime.quant.codes import default_group
 
 SINK, RECENT = 64, 256
-DUO_ROWS = ("full", "stream50", "stream75", "h2o50")
+DUO_ROWS = ("full", "stream50", "stream75", "mixed50", "mixed75", "h2o50")
 QUANTIZED_ROWS = ("full-kv8", "full-kv4", "stream50-kv4", "h2o50-kv4", *H.HF_QUANTIZED)
 COMPILEABLE_ROWS = (*DUO_ROWS, "full-kv8", "full-kv4", "stream50-kv4", "h2o50-kv4")
 ROWS = ("dynamic", "static", *DUO_ROWS, *QUANTIZED_ROWS, *(f"{r}-compiled" for r in COMPILEABLE_ROWS))
@@ -52,9 +55,14 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
     window = dr.SinkWindow(SINK, RECENT)
     if row == "full":
         return dr.uniform_plan(shape, dr.Full())
-    if row in ("stream50", "stream75"):
-        count = shape.num_kv_heads_total * int(row.removeprefix("stream")) // 100
-        return dr.plan_from_bounded_set(shape, set(range(count)), window)
+    if row in ("stream50", "stream75", "mixed50", "mixed75"):
+        count = shape.num_kv_heads_total * int(row[-2:]) // 100
+        heads = (
+            range(count)
+            if row.startswith("stream")
+            else random.Random(0).sample(range(shape.num_kv_heads_total), count)
+        )
+        return dr.plan_from_bounded_set(shape, set(heads), window)
     if row == "h2o50":
         capacity = (context + window.capacity) // 2  # per head: the mean of full and streaming
         quantized = {} if bits == 16 else {"kv_bits": bits, "group": default_group(shape.head_dim)}

@@ -11,7 +11,7 @@ from duocal_runtime.bench.__main__ import add_ratios, parse_args, rows_in_proces
 
 @pytest.mark.slow
 def test_benchmark_rows_on_the_tiny_shape():
-    rows = "dynamic,full,stream50,h2o50,static,stream50-compiled"
+    rows = "dynamic,full,stream50,mixed50,h2o50,static,stream50-compiled,mixed50-compiled"
     args = parse_args(
         [
             "--shape",
@@ -40,6 +40,17 @@ def test_benchmark_rows_on_the_tiny_shape():
     assert "prefill_s" in by_row["full"] and "prefill_s" not in by_row["static"]  # compiled rows: decode only
     static = by_row["stream50-compiled"]  # preallocated: full heads hold max_length slots, streaming their window
     assert static["kv_bytes"] == pytest.approx(static["kv_bytes_min"], rel=0.02)
+    assert by_row["mixed50"]["kv_bytes"] == by_row["stream50"]["kv_bytes"]  # the same heads' worth, elsewhere
+    assert by_row["mixed50-compiled"]["kv_bytes"] == static["kv_bytes"]
+
+
+def test_mixed_rows_put_both_policies_in_one_layer_and_stream_rows_do_not():
+    shape = dr.ModelShape(32, 32, 8, 128)  # Llama-3-8B's heads
+    mixes = {row: [len({p.name for p in layer}) == 2 for layer in R.row_plan(row, shape, 4096).policies] for row in (
+        "stream50", "stream75", "mixed50", "mixed75")}  # fmt: skip
+    assert not any(mixes["stream50"]) and not any(mixes["stream75"])
+    assert sum(mixes["mixed50"]) >= 16 and sum(mixes["mixed75"]) >= 8
+    assert R.row_plan("mixed50", shape, 4096) == R.row_plan("mixed50", shape, 4096)  # seeded
 
 
 def test_quantized_rows_hold_their_analytic_bytes_and_name_their_plan():
