@@ -50,14 +50,13 @@ class DuoCacheLayer(CacheLayerMixin):
         self.seen = 0
         self.real: torch.Tensor | None = None  # [B] real (unpadded) tokens seen per row
         self._indices = [self._head_indices(g.kv_heads) for g in self.groups]
-        self._indices_device: torch.device | None = None  # where _place_head_indices put them
 
     def _head_indices(self, kv_heads: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         if len(self.groups) == 1:
             return None  # one group holding every head in order: no gather/scatter
         kv = torch.tensor(kv_heads)
         q = (kv[:, None] * self.rep + torch.arange(self.rep)).flatten()
-        return kv, q
+        return mark_static(kv), mark_static(q)
 
     # --- transformers' CacheLayerMixin ----------------------------------------------------
     def lazy_initialization(self, key_states, value_states) -> None:
@@ -150,9 +149,8 @@ class DuoCacheLayer(CacheLayerMixin):
         """Keep the head indices on the device of the heads, at fixed addresses: CPU indices put a
         host-to-device copy in every step, which CUDA graph capture refuses (mixed layers crashed
         the compiled decode step on CUDA)."""
-        if len(self.groups) > 1 and self._indices_device != device:
+        if len(self.groups) > 1 and self._indices[0][0].device != device:
             self._indices = [(mark_static(kv.to(device)), mark_static(q.to(device))) for kv, q in self._indices]
-            self._indices_device = device
 
     # --- inspection -----------------------------------------------------------------------
     def nbytes(self) -> int:

@@ -160,13 +160,18 @@ def prefilled_static_cache(model, runtime):
     return ids, cache
 
 
-def test_mixed_layers_move_their_head_indices_to_the_heads_device_at_fixed_addresses():
+def test_mixed_layers_move_their_head_indices_to_the_heads_device_at_fixed_addresses(monkeypatch):
     """A layer with several groups indexes its heads; indices left on the CPU put a host-to-device copy
-    in every decode step, which CUDA graph capture refuses (generate() crashed on an H200). The first
-    eager pass puts them on the heads' device and marks their addresses static."""
+    in every decode step, which CUDA graph capture refuses (generate() crashed on an H200). Every eager
+    pass puts them on the heads' device (once), at addresses marked static."""
+    from duocal_runtime.hf.cache import DuoCacheLayer
+
+    placed, place = [], DuoCacheLayer._place_head_indices
+    monkeypatch.setattr(DuoCacheLayer, "_place_head_indices", lambda self, d: placed.append(d) or place(self, d))
     model = tiny_model("llama")
     with dr.apply(model, mixed_plan(model)) as runtime:
         _, cache = prefilled_static_cache(model, runtime)
+    assert placed and all(d.type == "cpu" for d in placed), "the prefill did not place the head indices"
     for layer in cache.layers:
         for indices in layer._indices:
             assert all(getattr(i, "_dynamo_static_input_type", None) for i in indices), "not at fixed addresses"
