@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 
 from vllm.logger import init_logger
-from vllm.utils.math_utils import cdiv
 
 from .head_plan import HeadSpec, head_table, make_plan, settings_of
 from .sink_window_spec import SinkWindowSpec, request_in_flight_tokens
+from .vllm_internals import cdiv
 
 logger = init_logger(f"vllm.{__name__}")
 

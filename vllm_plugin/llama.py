@@ -17,22 +17,25 @@ import string
 
 import torch
 from torch import nn
-from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaForCausalLM
-from vllm.model_executor.models.utils import extract_layer_index
-from vllm.platforms import current_platform
-from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
 from .group_fit import vllm_head_table
 from .head_plan import HeadSpec, check_streaming_heads_run_here
 from .rank_heads import rank_table
 from .sink_window_backend import SinkWindowCPUBackend
 from .sink_window_spec import SinkWindowSpec, check_lone_request_fits, request_in_flight_tokens
+from .vllm_internals import (
+    Attention,
+    VllmConfig,
+    current_platform,
+    extract_layer_index,
+    get_kv_quant_mode,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    kv_cache_dtype_str_to_dtype,
+)
 
 
 def head_name(kv_head: int) -> str:

@@ -14,8 +14,9 @@ rank under tensor parallelism: the space is per rank) in the configured space, t
 from __future__ import annotations
 
 from vllm.logger import init_logger
-from vllm.utils.math_utils import cdiv
 from vllm.v1.metrics.loggers import StatLoggerBase
+
+from .version import check_vllm_version, installed_vllm
 
 ARCHITECTURES = {"DuoLlamaForCausalLM": "duocal_vllm.llama:DuoLlamaForCausalLM"}
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the "vllm" logger only
@@ -23,7 +24,9 @@ GiB = 2**30
 
 
 def register() -> None:
-    """Register the model classes (lazily, by name) and the sink + window KV cache spec."""
+    """Check vLLM's version, then register the model classes (lazily, by name) and the sink + window KV cache
+    spec. An untested vLLM is refused here, before anything of vLLM's internals is imported (version.py)."""
+    check_vllm_version(installed_vllm())
     from vllm import ModelRegistry
 
     from . import sink_window_spec
@@ -38,7 +41,7 @@ def stock_kv_tokens(space_bytes: int, layers: int, kv_heads: int, head_dim: int,
                     block_size: int, max_model_len: int) -> int:  # fmt: skip
     """The "KV cache size: N tokens" stock vLLM reports for a plain model in `space_bytes` of KV."""
     blocks = space_bytes // (layers * 2 * kv_heads * head_dim * dtype_bytes * block_size)
-    return int(blocks / cdiv(max_model_len, block_size) * max_model_len)
+    return int(blocks / -(-max_model_len // block_size) * max_model_len)
 
 
 def capacity_line(vllm_config) -> str | None:

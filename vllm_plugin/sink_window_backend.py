@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllm.config import get_layers_from_vllm_config
 from vllm.logger import init_logger
-from vllm.model_executor.layers.attention import Attention
-from vllm.v1.attention.backends.cpu_attn import (
-    CPUAttentionBackend,
-    CPUAttentionBackendImpl,
-    CPUAttentionMetadataBuilder,
-)
 
 from .head_plan import DuoVllmError
 from .sink_window_gather import gather_forward, page_layout  # noqa: F401 (page_layout: its tests import it from here)
 from .virtual_tables import fitting_block_sizes, kernel_fits, virtual_batch
+from .vllm_internals import (
+    Attention,
+    CPUAttentionBackend,
+    CPUAttentionBackendImpl,
+    CPUAttentionMetadataBuilder,
+    get_layers_from_vllm_config,
+)
 
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the "vllm" logger only
 

@@ -10,9 +10,9 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from vllm import _custom_ops as ops
 
 from .head_plan import DuoVllmError
+from .vllm_internals import ops
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,12 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm.logger import init_logger
-from vllm.utils.math_utils import cdiv
-from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
-from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec
-from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 from .head_plan import DuoVllmError, HeadSpec
+from .vllm_internals import KVCacheSpec, KVCacheSpecRegistry, SlidingWindowManager, SlidingWindowSpec, cdiv
 
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the "vllm" logger only
 PREFIX_CACHING_OFF = (
@@ -60,6 +57,15 @@ class SinkWindowSpec(SlidingWindowSpec):
         window = super().max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
         return min(window + self.sink_blocks, cdiv(max_model_len, self.block_size) + 1)
 
+    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
+        """One KV cache group only for streaming heads of this sink and window: `SlidingWindowSpec`'s own check
+        compares windows only, so heads with other sinks (or plain sliding-window layers) would share this
+        group's manager and keep the wrong sink blocks."""
+        return all(
+            isinstance(spec, SinkWindowSpec) and (spec.sliding_window, spec.sink) == (self.sliding_window, self.sink)
+            for spec in kv_cache_specs.values()
+        )
+
 
 def request_in_flight_tokens(vllm_config) -> int:
     """Most tokens one request can have in flight under `vllm_config`'s scheduler: its prefill chunk cap
@@ -70,12 +76,6 @@ def request_in_flight_tokens(vllm_config) -> int:
     if threshold <= 0 or scheduler.long_prefill_token_threshold_adaptive:
         return 0
     return vllm_config.max_concurrent_batches * threshold
-
-    def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        return all(
-            isinstance(spec, SinkWindowSpec) and (spec.sliding_window, spec.sink) == (self.sliding_window, self.sink)
-            for spec in kv_cache_specs.values()
-        )
 
 
 def lone_request_bytes(table: list[list[HeadSpec]], vllm_config, head_size: int, dtype) -> int:
