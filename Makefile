@@ -87,7 +87,8 @@ $(VLLM_VENV)/.installed: pyproject.toml vllm_plugin/requirements-cpu.txt
 	! $(VLLM_VENV)/bin/pip check | grep -vE '$(VLLM_MISSING_ALLOWED)'
 	touch $@
 
-# The plugin's tests (tests/vllm/, a few minutes: each engine starts in its own process).
+# The plugin's tests (tests/vllm/, a few minutes: each engine starts in its own process). test_families.py has the
+# main venv write its small models and duocal runtime's reference tokens (DUOCAL_MAIN_PYTHON).
 vllm-test: vllm setup
 	$(VENV)/bin/duocal models fetch smollm2-135m-instruct
-	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=5 tests/vllm
+	DUOCAL_MAIN_PYTHON=$(abspath $(PY)) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=5 tests/vllm

@@ -21,8 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 SETTINGS = ("profile", "sparsity", "budget", "policy", "sink", "recent", "tensor_parallel")
-# Model classes the plugin runs (vLLM's Llama layout: q/k/v/o projections without bias, RoPE, gated MLP).
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+# vLLM's model classes the plugin runs -> the plugin's class of each (models.py): vLLM's own model with duocal's
+# attention call in each decoder layer. The families duocal's runtime plans (Llama incl. Llama-3 rope scaling,
+# Mistral, Qwen2 with q/k/v bias, Qwen3 with per-head q/k norms).
+DUO_ARCHITECTURES = {
+    "LlamaForCausalLM": "DuoLlamaForCausalLM",
+    "MistralForCausalLM": "DuoMistralForCausalLM",
+    "Qwen2ForCausalLM": "DuoQwen2ForCausalLM",
+    "Qwen3ForCausalLM": "DuoQwen3ForCausalLM",
+}
+SUPPORTED_ARCHITECTURES = tuple(DUO_ARCHITECTURES)
 ENV_PREFIX = "DUOCAL_"
 CONFIG_PREFIX = "duocal_"
 

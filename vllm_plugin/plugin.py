@@ -16,9 +16,10 @@ from __future__ import annotations
 from vllm.logger import init_logger
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from .head_plan import DUO_ARCHITECTURES
 from .version import check_vllm_version, installed_vllm
 
-ARCHITECTURES = {"DuoLlamaForCausalLM": "duocal_vllm.llama:DuoLlamaForCausalLM"}
+ARCHITECTURES = {duo: f"duocal_vllm.models:{duo}" for duo in DUO_ARCHITECTURES.values()}
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the "vllm" logger only
 GiB = 2**30
 
@@ -45,8 +46,8 @@ def stock_kv_tokens(space_bytes: int, layers: int, kv_heads: int, head_dim: int,
 
 
 def capacity_line(vllm_config) -> str | None:
-    """The duocal line for an engine that runs `DuoLlamaForCausalLM`; None for any other model, or without a
-    reported KV size."""
+    """The duocal line for an engine that runs one of duocal's model classes; None for any other model, or without
+    a reported KV size."""
     model, cache = vllm_config.model_config, vllm_config.cache_config
     config = model.hf_config
     tokens = cache.kv_cache_size_tokens

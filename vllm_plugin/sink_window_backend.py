@@ -1,10 +1,11 @@
 """Attention of a streaming head over vLLM's paged CPU cache: the first `sink` tokens plus the last `recent`.
 
-`SinkWindowCPUBackend` is vLLM's CPU attention backend with its own metadata builder and implementation class;
-the KV cache write (`do_kv_cache_update`) and the cache layout are the CPU backend's. When the sink is a whole
+`SinkWindowCPUBackend` is vLLM's CPU attention backend with its own metadata builder and implementation class,
+one call over a layer's streaming heads (head_views.py); the KV cache write (`do_kv_cache_update`) and the cache
+layout are the CPU backend's. When the sink is a whole
 number of blocks and the window at least one block (virtual_tables.kernel_fits), the builder turns each step's
 batch into virtual requests (virtual_tables.py), once per KV cache group (every streaming head with the same
-sink and recent), and every head runs vLLM's own kernel (`cpu_attention_with_kv_cache`) on them with a window of
+sink and recent), and every call runs vLLM's own kernel (`cpu_attention_with_kv_cache`) on them with a window of
 recent + sink: exact, prefill and decode alike. Otherwise each request gathers its visible keys and runs one
 masked sdpa (sink_window_gather.py; slow), and the builder says once which block sizes would use the kernel.
 """
@@ -16,6 +17,7 @@ from dataclasses import replace
 from vllm.logger import init_logger
 
 from .head_plan import DuoVllmError
+from .head_views import HeadGroupBuilder, HeadGroupImpl
 from .sink_window_gather import gather_forward, page_layout  # noqa: F401 (page_layout: its tests import it from here)
 from .virtual_tables import fitting_block_sizes, kernel_fits, virtual_batch
 from .vllm_internals import (
@@ -29,9 +31,10 @@ from .vllm_internals import (
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the "vllm" logger only
 
 
-class SinkWindowCPUImpl(CPUAttentionBackendImpl):
-    """CPU attention with a sink + window mask. `sliding_window` is the kernel's window over virtual tables,
-    recent + sink (`set_sink_window`); `sink` and `recent` are the head's policy."""
+class SinkWindowCPUImpl(HeadGroupImpl, CPUAttentionBackendImpl):
+    """CPU attention with a sink + window mask over a layer's streaming heads (head_views.py). `sliding_window` is
+    the kernel's window over virtual tables, recent + sink (`set_sink_window`); `sink` and `recent` are the
+    heads' policy."""
 
     sink: int = 0
     recent: int = 0
@@ -40,17 +43,15 @@ class SinkWindowCPUImpl(CPUAttentionBackendImpl):
         self.sink, self.recent = sink, recent
         self.sliding_window = recent + sink
 
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
-        if attn_metadata is None:  # warm-up
-            return output
+    def attend(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, **kwargs):
         if kernel_fits(self.sink, self.recent, kv_cache.size(2)):  # the builder made virtual tables
-            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
+            return super().attend(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, **kwargs)
         return gather_forward(
             query, kv_cache, attn_metadata, output, isa=layer.isa, sink=self.sink, recent=self.recent, scale=self.scale
         )
 
 
-class SinkWindowMetadataBuilder(CPUAttentionMetadataBuilder):
+class SinkWindowMetadataBuilder(HeadGroupBuilder, CPUAttentionMetadataBuilder):
     """vLLM's CPU metadata, built on virtual requests (one per segment) when the group's heads fit the kernel."""
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:

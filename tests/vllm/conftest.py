@@ -38,6 +38,7 @@ class EngineRun:
 
     tokens: list[list[int]] | None
     cached: list[int] | None
+    kernel_calls: list[int] | None  # calls of vLLM's CPU attention kernel, per prompt
     refused: bool
     log: str
 
@@ -85,6 +86,9 @@ def offline_engines(reference: dict, wrong_profile: Path) -> list[dict]:
         # the plan from the environment only: every head sink_window, sink 32 + recent 128 (eviction changes answers)
         {"name": "small_window", "prompts": prompts, "hf_overrides": {"architectures": ["DuoLlamaForCausalLM"]},
          "env": {"DUOCAL_PROFILE": str(PROFILE), "DUOCAL_SPARSITY": "1.0", **small}},
+        # the shipped profile at 0.75 (23 full + 67 streaming heads after group fitting): its kernel calls per step
+        {"name": "shipped_075", "prompts": prompts[:1], "max_tokens": 8, "block_size": 64,
+         "hf_overrides": duo_overrides(duocal_sparsity=0.75)},
         {"name": "wrong_profile", "prompts": [[1, 2, 3]], "hf_overrides": duo_overrides(wrong_profile)},
         {"name": "h2o", "prompts": [[1, 2, 3]],
          "hf_overrides": duo_overrides(duocal_sparsity=0.5, duocal_policy="h2o")},
@@ -129,8 +133,8 @@ def engine_runs(text: str) -> dict[str, EngineRun]:
         found = re.search(rf"^RESULT {re.escape(name)} (.*)$", part, re.M)
         refused = re.search(rf"^REFUSED {re.escape(name)}$", part, re.M) is not None
         assert found or refused, f"engine {name} neither answered nor was refused:\n{part[-4000:]}"
-        result = json.loads(found.group(1)) if found else {"tokens": None, "cached": None}
-        runs[name] = EngineRun(result["tokens"], result["cached"], refused, part)
+        result = json.loads(found.group(1)) if found else {"tokens": None, "cached": None, "kernel_calls": None}
+        runs[name] = EngineRun(result["tokens"], result["cached"], result["kernel_calls"], refused, part)
     return runs
 
 

@@ -6,17 +6,19 @@ does not leave the process half-built: each is shut down and vLLM's distributed 
     python tests/vllm/run_vllm.py '{"model": DIR, "engines": [{"name": "stock", "prompts": [[1, 2, 3]]}, ...]}'
 
 Per engine, in order: ``ENGINE name`` before it starts, then ``RESULT name {"tokens": [[...], ...], "cached":
-[prompt tokens read from the prefix cache, ...]}`` or ``REFUSED name`` when building it raised (its message is in
-the log above the line), then ``SECONDS name N``. vLLM's log-once messages are forgotten between engines, so that
-each engine's part of the log has its own start-up lines (e.g. "KV cache size: N tokens").
+[prompt tokens read from the prefix cache, ...], "kernel_calls": [calls of vLLM's CPU attention kernel, ...]}``
+or ``REFUSED name`` when building it raised (its message is in the log above the line), then ``SECONDS name N``.
+vLLM's log-once messages are forgotten between engines, so that each engine's part of the log has its own
+start-up lines (e.g. "KV cache size: N tokens").
 Engine keys: "prompts", "max_tokens" (16), "hf_overrides", "env" (set in os.environ while the engine is built and
-runs: the plugin reads DUOCAL_* there), "max_model_len" (2048), "max_num_batched_tokens" (512),
-"enable_prefix_caching" (false), "block_size" (vLLM's choice), "tensor_parallel_size" (1; above 1 its ranks run
-as worker processes, and VLLM_CPU_OMP_THREADS_BIND must name one CPU list per rank, e.g. "0|1", before this
-process imports vLLM). float32, eager mode, at most 4 sequences.
+runs: the plugin reads DUOCAL_* there), "model" (the run's), "max_model_len" (2048), "max_num_batched_tokens"
+(512), "enable_prefix_caching" (false), "block_size" (vLLM's choice), "enforce_eager" (true: no torch.compile),
+"tensor_parallel_size" (1; above 1 its ranks run as worker processes, and VLLM_CPU_OMP_THREADS_BIND must name one
+CPU list per rank, e.g. "0|1", before this process imports vLLM). float32, at most 4 sequences.
 Prompts run one after another, so that a repeated prompt can hit the cache of an earlier one.
 """
 
+import contextlib
 import gc
 import json
 import os
@@ -34,7 +36,7 @@ def build(spec: dict):
         distributed_executor_backend="mp" if tp_size > 1 else None,
         model=spec["model"],
         dtype="float32",
-        enforce_eager=True,
+        enforce_eager=spec.get("enforce_eager", True),
         max_model_len=spec.get("max_model_len", 2048),
         max_num_seqs=4,
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 512),
@@ -50,8 +52,31 @@ def generate(llm, spec: dict) -> dict:
 
     params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 16))
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
-    outs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
-    return {"tokens": [list(o.outputs[0].token_ids) for o in outs], "cached": [o.num_cached_tokens for o in outs]}
+    outs, calls = [], []
+    for prompt in prompts:
+        with kernel_calls() as counted:
+            outs.append(llm.generate([prompt], params, use_tqdm=False)[0])
+        calls.append(counted[0])
+    return {"tokens": [list(o.outputs[0].token_ids) for o in outs], "cached": [o.num_cached_tokens for o in outs],
+            "kernel_calls": calls}  # fmt: skip
+
+
+@contextlib.contextmanager
+def kernel_calls():
+    """Counts calls of vLLM's CPU attention kernel (the backends call it as ``ops.cpu_attention_with_kv_cache``)."""
+    from vllm import _custom_ops as ops
+
+    kernel, counted = ops.cpu_attention_with_kv_cache, [0]
+
+    def counting(*args, **kwargs):
+        counted[0] += 1
+        return kernel(*args, **kwargs)
+
+    ops.cpu_attention_with_kv_cache = counting
+    try:
+        yield counted
+    finally:
+        ops.cpu_attention_with_kv_cache = kernel
 
 
 def shut_down(llm) -> None:

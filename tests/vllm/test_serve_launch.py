@@ -41,10 +41,27 @@ def test_a_profile_of_another_model_is_refused_before_vllm_starts(model_folder, 
         vllm_launch(VllmServe(NAME, profile=str(wrong)))
 
 
-def test_a_model_the_plugin_cannot_run_is_refused(model_folder, tmp_path):
-    folder = tmp_path / "qwen"
+def with_architectures(model_folder, folder, architectures):
     folder.mkdir()
     config = json.loads((model_folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]}))
-    with pytest.raises(ValueError, match="is a Qwen3ForCausalLM: duocal on vLLM runs LlamaForCausalLM"):
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": architectures}))
+    return folder
+
+
+@pytest.mark.parametrize("architectures", [["GemmaForCausalLM"], ["GPTNeoXForCausalLM"], [],
+                                           ["LlamaForCausalLM", "MistralForCausalLM"]])  # fmt: skip
+def test_a_model_the_plugin_cannot_run_is_refused_naming_the_families_it_runs(model_folder, tmp_path, architectures):
+    folder = with_architectures(model_folder, tmp_path / "other", architectures)
+    with pytest.raises(ValueError, match="duocal on vLLM runs LlamaForCausalLM, MistralForCausalLM, "
+                                         "Qwen2ForCausalLM, Qwen3ForCausalLM models") as refused:  # fmt: skip
         vllm_launch(VllmServe(str(folder), profile=str(PROFILE)))
+    assert (", ".join(architectures) or "model without architectures") in str(refused.value)
+
+
+@pytest.mark.parametrize("family", ["Llama", "Mistral", "Qwen2", "Qwen3"])
+def test_each_family_is_served_by_its_duocal_class(model_folder, tmp_path, family):
+    """The plan needs the model's shape only, so SmolLM2's config under each family's name plans the same."""
+    folder = with_architectures(model_folder, tmp_path / family, [f"{family}ForCausalLM"])
+    launch = vllm_launch(VllmServe(str(folder), profile=str(PROFILE), sparsity=0.5))
+    overrides = json.loads(launch.argv[launch.argv.index("--hf-overrides") + 1])
+    assert overrides["architectures"] == [f"Duo{family}ForCausalLM"]
