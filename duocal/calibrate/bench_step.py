@@ -29,6 +29,8 @@ from duocal.calibrate import engine as ds
 from duocal.calibrate.batches import StepData
 from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
 from duocal.calibrate.recipe import load_recipe
+from duocal_runtime.files.atomic import write_atomic
+from duocal_runtime.files.output_paths import check_output
 
 
 def median_seconds(fn, repeat: int, warmup: int = 1) -> float:
@@ -130,6 +132,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     args = parser.parse_args(argv)
+    if args.json:
+        check_output(args.json, "--json")  # before the benchmark
     torch.set_num_threads(args.threads)
     rows = bench(
         args.model, [int(c) for c in args.contexts.split(",")], args.repeat, args.sink, args.recent, args.block
@@ -141,8 +145,8 @@ def main(argv=None) -> None:
         table.add_row(str(r["context"]), str(r["tokens"]), r["what"], f"{1000 * r['seconds']:.1f}", f"{r['ratio']:.2f}")
     Console().print(table)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
+        write_atomic(
+            args.json,
             json.dumps(
                 {
                     "model": args.model,
@@ -154,7 +158,7 @@ def main(argv=None) -> None:
                 },
                 indent=2,
             )
-            + "\n"
+            + "\n",
         )
 
 

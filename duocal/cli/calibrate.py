@@ -43,14 +43,16 @@ def calibrate_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check the recipe and write config.yaml only.")] = False,
 ):
     """Calibrate DuoAttention gates on synthetic passkey data and write a profile (DIR/profile.json)."""
+    from duocal_runtime.files.output_paths import check_output_folder
+
+    with user_errors():
+        check_output_folder(output, "--output")  # before the imports (seconds) and any work
     from duocal.calibrate.launch import checked_recipe, launch, prepare
-    from duocal_runtime.files.atomic import check_output_folder
     from duocal_runtime.files.file_lock import exclusive
 
     args = list(args or [])
     recipe = args.pop(0) if args and "=" not in args[0] else None
     with user_errors():
-        check_output_folder(output)  # before any work
         checked_recipe(recipe, args, output, nproc, resume)  # a bad recipe makes no folder
         with exclusive(output, "duocal calibrate"):  # a second run into the same folder is refused
             if dry_run:

@@ -35,6 +35,7 @@ from .user_errors import user_errors
 eval_app = typer.Typer(help="Evaluate models under KV cache plans.", no_args_is_help=True)
 
 DEFAULT_TEXT = "gpl-3.0.txt"  # in duocal/assets/texts (see its README.md)
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")  # what duocal.eval.tables.plot_rows saves (by suffix)
 
 
 def model_and_profile(model: str | None, profile: str | None):
@@ -132,6 +133,15 @@ def passkey(
 
       duocal eval passkey --model smollm2-135m-instruct --format chat --haystack text --contexts 1280 --rows full,duo
     """
+    from duocal_runtime.files.output_paths import check_output
+
+    with user_errors():  # before the imports (seconds) and any work
+        if plot is not None and no_plot:
+            raise ValueError("give --plot PATH or --no-plot, not both")
+        if plot is None and not as_json:
+            plot = Path("passkey-eval.png")
+        if plot is not None and not no_plot:
+            check_output(plot, "--plot", suffixes=PLOT_FORMATS)
     from duocal.eval.passkey_defaults import (
         default_contexts,
         default_sparsity,
@@ -139,15 +149,9 @@ def passkey(
         haystack_source,
     )
     from duocal.eval.passkey_retrieval import EVAL_SEED, PasskeyEvalConfig, check_eval, evaluate_passkey
-    from duocal.eval.tables import check_plot_path, plot_rows, render_table
+    from duocal.eval.tables import plot_rows, render_table
 
     with user_errors(), json_only_stdout(as_json):
-        if plot is not None and no_plot:
-            raise ValueError("give --plot PATH or --no-plot, not both")
-        if plot is None and not as_json:
-            plot = Path("passkey-eval.png")
-        if plot is not None and not no_plot:
-            check_plot_path(plot)
         ref, loaded = model_and_profile(model, profile)
         quick = defaults_for(ref.is_demo)
         chosen_format = passkey_format or ref.passkey_format

@@ -106,15 +106,17 @@ def profiler_command(
     of attention a sink window, H2O, sink + H2O and SnapKV would keep, and the error 8- and 4-bit
     codes add to its output. Writes a profile (the format version --output names) whose
     scores rank heads like calibrated gates and whose measurements feed mixed plans."""
+    from duocal_runtime.files.output_paths import check_output
+
+    with user_errors():
+        check_output(output, "--output")  # before the imports (seconds) and the measurement, not after them
     import duocal_runtime as dr
     from duocal.models import ModelRef
     from duocal.profiling import ProfilerConfig, profile_model, with_measurements
     from duocal.profiling.profiler import check_contexts_fit
-    from duocal_runtime.files.atomic import check_output
     from duocal_runtime.files.regular_files import read_text
 
     with user_errors():
-        check_output(output)  # before the measurement, not after it
         if method != "attention":
             raise ValueError(f"unknown --method {method!r}; the profiler has: attention")
         ref = ModelRef.resolve(model)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 import duocal_runtime as dr
-from duocal_runtime.files.atomic import check_output, check_output_folder
+from duocal_runtime.files.output_paths import check_output, check_output_folder
 from duocal_runtime.profile.upstream_layout import CONFIG_NAME, TSV_NAME
 
 from ..reports.profile_compare import compare_profiles
@@ -113,7 +113,7 @@ def validate_command(profile: ProfileArg, model_config: ModelConfigOpt = None):
 
 def refuse_writing_an_input(output: Path, pattern_dir: Path, model_config: Path | None) -> None:
     """The output is checked before any work: a writable regular file that is none of the files read."""
-    target = check_output(output).resolve()
+    target = check_output(output, "--output").resolve()
     inputs = [pattern_dir / name for name in (TSV_NAME, CONFIG_NAME)] + [pattern_dir]
     if model_config is not None:
         inputs += [model_config, model_config / CONFIG_NAME]
@@ -143,7 +143,7 @@ def export_upstream(
 ):
     """Write PROFILE in upstream DuoAttention's layout (full_attention_heads.tsv + config.json)."""
     with user_errors():
-        check_output_folder(output)
+        check_output_folder(output, "--output", beside=True)  # assembled beside it, then moved in
         if Path(profile).is_dir() and Path(profile).resolve() == output.resolve():
             raise ValueError(f"--output {output} is the pattern folder being read; give another folder")
         dr.export_upstream(dr.load_profile(profile), output)

@@ -59,8 +59,10 @@ def copy_command(
     Example: duocal recipes copy calibrate_smollm2_135m my-recipes
     """
     from duocal.calibrate.recipe import copy_recipe as copy
+    from duocal_runtime.files.output_paths import check_output_folder
 
     with user_errors():
+        check_output_folder(folder, "FOLDER")
         written = copy(name, folder, force=force)
     for path in written:
         typer.echo(str(path))

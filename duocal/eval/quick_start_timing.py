@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from duocal_runtime.files.atomic import write_atomic
+from duocal_runtime.files.output_paths import check_output
 
 TIMED = ("duocal models fetch", "duocal profile", "duocal eval passkey")
 
@@ -97,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--keep", type=Path, help="run in this folder (default: a scratch folder, removed)")
     args = parser.parse_args(argv)
+    if args.json:
+        check_output(args.json, "--json")  # before the minutes the quick start takes
     readme = args.readme.read_text(encoding="utf-8")
     print(
         f"cpus {os.cpu_count()}, OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS', 'unset')}, "

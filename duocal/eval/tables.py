@@ -16,7 +16,7 @@ from duocal.eval.perplexity import PerplexityRow
 from duocal.eval.row_kinds import ROWS
 from duocal.reports.terminal import simple_head_box, table_console
 from duocal.reports.units import human_bytes
-from duocal_runtime.files.atomic import check_output, write_atomic
+from duocal_runtime.files.atomic import write_atomic
 from duocal_runtime.quant.hf_baselines import HF_QUANTIZED
 
 PROTOCOL_MARKS = {"query-aware": "", "query-agnostic": " (q after)", "multi-turn": " (turns)"}
@@ -190,20 +190,6 @@ def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = 
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=110, format=path.suffix.lstrip(".").lower())
     return write_atomic(path, buffer.getvalue())
-
-
-PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
-
-
-def check_plot_path(path: Path) -> None:
-    """Raise `ValueError` before any work when the plot could not be written there."""
-    if path.is_dir():
-        raise ValueError(f"--plot {path} is a folder; give a file name such as {path / 'passkey.png'}")
-    if path.suffix.lower() not in PLOT_FORMATS:
-        raise ValueError(f"--plot {path}: give a file name ending in {', '.join(PLOT_FORMATS)}")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise ValueError(f"--plot {path}: {path.parent} is not a folder")
-    check_output(path)
 
 
 def task_label(task: str) -> str:

@@ -28,7 +28,8 @@ import torch
 
 import duocal_runtime as dr
 
-from ..files.atomic import check_output, write_atomic
+from ..files.atomic import write_atomic
+from ..files.output_paths import check_output
 from ..quant import hf_baselines as H
 from . import rows as R
 from . import timing as M
@@ -166,7 +167,7 @@ def rows_in_process(args) -> list[dict]:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    check_output(args.out)  # before any work
+    check_output(args.out, "--out")  # before any work
     torch.set_num_threads(1) if args.device == "cpu" else None
     if args.one:
         row, context = args.one.split(":")

@@ -88,10 +88,11 @@ def main(argv=None) -> None:
     unknown = sorted(set(rows) - set(FIRST_CALL_ROWS))
     if unknown:
         ap.error(f"unknown rows {unknown}; choose from {','.join(FIRST_CALL_ROWS)}")
-    from ..files.atomic import check_output, write_atomic  # the parent times child processes: it may import
+    from ..files.atomic import write_atomic  # the parent times child processes: it may import
+    from ..files.output_paths import check_output
 
     if args.out:
-        check_output(args.out)  # before any work
+        check_output(args.out, "--out")  # before any work
     results = []
     for row in rows:
         tries = [run_fresh_process(args, row) for _ in range(max(1, args.repeats))]

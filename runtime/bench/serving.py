@@ -31,7 +31,8 @@ from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, Generat
 import duocal_runtime as dr
 
 from ..attention.block_sparse import padded_length
-from ..files.atomic import check_output, write_atomic
+from ..files.atomic import write_atomic
+from ..files.output_paths import check_output
 from ..hf.apply import apply
 from ..paged.pool_size import plain_request_bytes, pool_blocks, pool_config
 from ..paged.quantized_pages import page_size_for
@@ -258,7 +259,7 @@ def main(argv=None) -> None:
         ap.error("give --model DIR (with --profile) or --shape NAME (random weights)")
     if args.model and not args.profile:
         ap.error("--model needs --profile (a profile made for that model, or a prebuilt name)")
-    check_output(args.out)  # before any work
+    check_output(args.out, "--out")  # before any work
     model, profile = model_and_profile(args)
     shape = dr.shape_of_config(model.config)
     requests = workload(args.requests, args.prompt, args.new, args.arrivals, model.config.vocab_size)

@@ -1,1 +1,1 @@
-"""Files on disk: atomic writes, regular-file reads, one writer per folder."""
+"""Files on disk: atomic writes, outputs checked before the work, regular-file reads, one writer per folder."""

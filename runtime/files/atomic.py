@@ -4,7 +4,7 @@ New files get the mode a plain `open()` would give them under the user's umask (
 0600 would otherwise survive the rename); a file that is replaced keeps its mode (0600 stays 0600).
 Only regular files are written: a symlink's target is replaced (the link stays), and a device, fifo
 or socket at the path is refused, never replaced.
-Commands check their outputs with `check_output` / `check_output_folder` before any work.
+Commands check their outputs before any work with `output_paths.check_output` / `check_output_folder`.
 """
 
 from __future__ import annotations
@@ -40,47 +40,31 @@ KINDS = {
 }
 
 
+def node_kind(path: Path) -> str | None:
+    """What is at `path` (a symlink followed) when a write there would not be a regular file's:
+    'a folder', 'a fifo', 'a socket', 'a character device', 'a block device'; None for a regular
+    file or nothing at all."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return next((kind for test, kind in KINDS.items() if test(mode)), None)
+
+
 def output_target(path: str | os.PathLike) -> Path:
     """Where a write to `path` lands: `path`, or the file a symlink points to (the link stays). Refuses
     what is not, or would not be, a regular file: a folder, a device, a fifo, a socket (writing there
     through a rename would replace the node itself)."""
     path = Path(path)
     target = path.resolve() if path.is_symlink() else path
-    try:
-        mode = target.stat().st_mode
-    except FileNotFoundError:
-        return target
-    if stat.S_ISDIR(mode):
+    kind = node_kind(target)
+    if kind == "a folder":
         raise IsADirectoryError(errno.EISDIR, "is a folder; give a file name", str(path))
-    for test, kind in KINDS.items():
-        if test(mode):
-            raise ValueError(
-                f"{path} is {kind}, not a regular file: duocal writes regular files only; give a file path"
-            )
+    if kind is not None:
+        raise ValueError(f"{path} is {kind}, not a regular file: duocal writes regular files only; give a file path")
     return target
-
-
-def check_output(path: str | os.PathLike) -> Path:
-    """Everything a later `write_atomic(path)` needs, checked before any work: a regular file (or none)
-    in a folder that exists or can be made and that this user may write in."""
-    target = output_target(path)
-    folder = next((p for p in (target.parent, *target.parent.parents) if p.exists()), Path("."))
-    if not folder.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "is not a folder", str(folder))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, "permission denied (cannot write there)", str(folder))
-    return target
-
-
-def check_output_folder(path: str | os.PathLike) -> Path:
-    """An output folder, checked before any work: a folder (or nothing) where this user may write."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a folder", str(path))
-    folder = next(p for p in (path, *path.parents) if p.exists())
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, "permission denied (cannot write there)", str(folder))
-    return path
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int | None = None) -> Path:

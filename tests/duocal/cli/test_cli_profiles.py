@@ -133,7 +133,7 @@ def test_an_unwritable_output_is_refused_before_any_work(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(dr, "import_upstream", lambda *a, **k: calls.append(a))
     result = runner.invoke(app, ["profiles", "import-upstream", str(folder), "-o", str(tmp_path / "a-file" / "p.json")])
-    assert result.exit_code == 1 and "not a directory" in result.stderr
+    assert result.exit_code == 1 and "a-file is a file, not a folder" in result.stderr
     assert not calls  # nothing was read or converted first
 
 

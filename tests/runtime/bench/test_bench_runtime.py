@@ -154,7 +154,7 @@ def test_serving_benchmark_serves_every_request_and_keeps_each_row_it_measured(t
         serving.main([*args, "--rows", "plain,duo80", "--out", str(tmp_path / "other.json")])
     assert all(1 <= r["held_max"] <= 4 and r["tok_per_s"] > 0 for r in rows.values())
     assert "duo75" in capsys.readouterr().out
-    with pytest.raises(IsADirectoryError):  # an output that cannot be written is refused before any work
+    with pytest.raises(ValueError, match="--out .* is a folder"):  # refused before any work
         serving.main([*args, "--out", str(tmp_path)])
 
 

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli import app
-from duocal_runtime.files.atomic import check_output, write_atomic
+from duocal_runtime.files.atomic import write_atomic
+from duocal_runtime.files.output_paths import check_output
 
 from helpers import random_profile
 
@@ -37,7 +38,7 @@ def test_fifos_and_sockets_are_refused_and_left_as_they_are(tmp_path):
             with pytest.raises(ValueError, match=f"is {kind}, not a regular file"):
                 write_atomic(path, "data")
             with pytest.raises(ValueError, match=f"is {kind}"):
-                check_output(path)
+                check_output(path, "--output")
         link = tmp_path / "to-fifo"
         link.symlink_to(fifo)
         with pytest.raises(ValueError, match="is a fifo"):
