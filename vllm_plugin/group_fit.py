@@ -48,10 +48,10 @@ def fitted_streaming_count(full: int, streaming: int, full_blocks: int, streamin
 
 
 def vllm_head_table(config, vllm_config) -> list[list[HeadSpec]]:
-    """The head table `DuoLlamaForCausalLM` runs under `vllm_config`: the settings' plan (head_plan.py), for vLLM's
-    tensor parallel size unless the settings name one, with the streaming head count fitted to vLLM's groups
-    (`fitted_streaming_count`). vLLM groups one rank's layers, so under tensor parallelism the counts are per rank
-    and the fitted plan is balanced again (whole heads per rank)."""
+    """The head table duocal's model class (models.py) runs under `vllm_config`: the settings' plan
+    (head_plan.py), for vLLM's tensor parallel size unless the settings name one, with the streaming head count
+    fitted to vLLM's groups (`fitted_streaming_count`). vLLM groups one rank's layers, so under tensor parallelism
+    the counts are per rank and the fitted plan is balanced again (whole heads per rank)."""
     block, length = vllm_config.cache_config.block_size, vllm_config.model_config.max_model_len
     dtype, tp_size = vllm_config.model_config.dtype, vllm_config.parallel_config.tensor_parallel_size
     settings = settings_of(config)
