@@ -1,12 +1,14 @@
 """The OpenAPI description of `duocal serve`'s generation routes (served at `/openapi.json`): each body's
 fields as request_checks.py checks them, the other fields transformers' handler for the route accepts
-(untyped: the server does not read them, see docs/_incoming/serve-ops.md), no field beyond those (400), and
+(untyped: the server does not read them, see docs/_incoming/serve-ops.md), the sampling extensions it reads
+itself (sampling_settings.EXTENSION_FIELDS), no field beyond those (400), and
 every error in OpenAI's shape. tests/test_serve_fuzz.py fuzzes the server from it with schemathesis, and
 checks that it types exactly the fields request_checks.py checks."""
 
 from __future__ import annotations
 
 from .request_checks import MAX_TOKEN_FIELDS, TEMPLATE_OWN_KEYS
+from .sampling_settings import EXTENSION_FIELDS
 
 STRING = {"type": "string"}
 WORD = {"type": "string", "minLength": 1}
@@ -23,7 +25,10 @@ def common_fields(model_name: str) -> dict:
         "model": {"type": "string", "enum": [model_name]},
         "stream": {"type": "boolean"},
         "temperature": number(0, 2),
-        "top_p": number(0, 1),
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "top_k": {"type": "integer", "minimum": -1},
+        "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 2},
+        "min_tokens": {"type": "integer", "minimum": 0},
         "frequency_penalty": number(-2, 2),
         "presence_penalty": number(-2, 2),
         "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
@@ -38,8 +43,8 @@ def common_fields(model_name: str) -> dict:
         "parallel_tool_calls": {"type": "boolean"},
         "logit_bias": {
             "type": "object",
-            "propertyNames": {"pattern": "^-?[0-9]+$"},
-            "additionalProperties": {"type": "number"},
+            "propertyNames": {"pattern": "^[0-9]+$"},
+            "additionalProperties": number(-100, 100),
         },
         "chat_template_kwargs": {"type": "object", "propertyNames": {"not": {"enum": sorted(TEMPLATE_OWN_KEYS)}}},
         **{field: {"type": "integer", "minimum": 1} for field in MAX_TOKEN_FIELDS},
@@ -96,10 +101,11 @@ REFUSED_FIELDS = {"generation_config"}  # accepted by transformers' handlers, re
 
 
 def body_schema(path: str, accepted: set[str], model_name: str) -> dict:
-    """The request body of `path`, whose handler accepts the fields `accepted`."""
+    """The request body of `path`, whose handler accepts the fields `accepted` (the server reads the
+    sampling extensions itself)."""
     typed = common_fields(model_name)
     prompt_field, prompt_schema = PROMPT_FIELDS[path]
-    fields = {name: typed.get(name, {}) for name in sorted(accepted - REFUSED_FIELDS)}
+    fields = {name: typed.get(name, {}) for name in sorted((accepted | set(EXTENSION_FIELDS)) - REFUSED_FIELDS)}
     fields[prompt_field] = prompt_schema
     return {"type": "object", "properties": fields, "required": [prompt_field], "additionalProperties": False}
 

@@ -96,12 +96,23 @@ def in_range(low: float, high: float):
     return lambda value: is_number(value) and low <= value <= high
 
 
+def above_and_at_most(low: float, high: float):
+    return lambda value: is_number(value) and low < value <= high
+
+
+def is_token_id(key: str) -> bool:
+    return key.isascii() and key.isdigit()
+
+
 # field -> (is it good, what it must be); None is always allowed (the handlers treat it as absent).
 COMMON_FIELDS = {
     "model": (lambda v: isinstance(v, str), "a string"),
     "stream": (lambda v: isinstance(v, bool), "true or false"),
     "temperature": (in_range(0, 2), "a number from 0 to 2"),
-    "top_p": (in_range(0, 1), "a number from 0 to 1"),
+    "top_p": (above_and_at_most(0, 1), "a number above 0 and at most 1"),
+    "top_k": (lambda v: is_int(v) and v >= -1, "an integer: a number of tokens, or 0 or -1 for all"),
+    "repetition_penalty": (above_and_at_most(0, 2), "a number above 0 and at most 2"),
+    "min_tokens": (lambda v: is_int(v) and v >= 0, "a non-negative integer"),
     "frequency_penalty": (in_range(-2, 2), "a number from -2 to 2"),
     "presence_penalty": (in_range(-2, 2), "a number from -2 to 2"),
     "seed": (lambda v: is_int(v) and -(2**63) <= v < 2**64, "an integer from -2**63 to 2**64 - 1"),
@@ -118,8 +129,8 @@ COMMON_FIELDS = {
     "tools": (lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v), "a list of objects"),
     "parallel_tool_calls": (lambda v: isinstance(v, bool), "true or false"),
     "logit_bias": (
-        lambda v: isinstance(v, dict) and all(k.lstrip("-").isdigit() and is_number(b) for k, b in v.items()),
-        "an object of token ids to numbers",
+        lambda v: isinstance(v, dict) and all(is_token_id(k) and in_range(-100, 100)(b) for k, b in v.items()),
+        "an object of token ids to numbers from -100 to 100",
     ),
     "chat_template_kwargs": (
         lambda v: isinstance(v, dict) and not TEMPLATE_OWN_KEYS & set(v),
@@ -137,7 +148,8 @@ def check_fields(body: dict) -> None:
     if body.get("generation_config") is not None:
         raise ApiError(
             400,
-            "generation_config is not accepted: sampling settings are the server's; send max_tokens",
+            "generation_config is not accepted: send the sampling fields (temperature, top_p, top_k, seed, ...) "
+            "and max_tokens",
             param="generation_config",
         )
 

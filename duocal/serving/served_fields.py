@@ -3,9 +3,8 @@ honoured, accepted because it changes nothing here, or refused with a 400 naming
 dropped with a 200: a value the server cannot honour is refused, whatever the field.
 
 request_checks.py checks the types first; this module checks that a well-typed value is one the server
-serves. transformers' continuous batching decodes every request with the model's one generation config
-(sampling settings, penalties and logits processors are per server, not per request), so sampling fields
-are served only when they ask for what the server does anyway.
+serves. The sampling fields (temperature, top_p, seed, penalties, logit_bias and vLLM's extensions) are honoured
+per request: sampling_settings.py reads them, batch_sampling.py applies them.
 """
 
 from __future__ import annotations
@@ -15,37 +14,15 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .api_errors import ApiError
-
-
-@dataclass(frozen=True)
-class Decoding:
-    """How the server decodes every request: greedy, or sampling at one temperature and top_p."""
-
-    sample: bool
-    temperature: float = 1.0
-    top_p: float = 1.0
-
-    @classmethod
-    def of(cls, generation_config) -> Decoding:
-        if not getattr(generation_config, "do_sample", False):
-            return cls(sample=False)
-        return cls(True, generation_config.temperature or 1.0, generation_config.top_p or 1.0)
-
-    def describe(self) -> str:
-        if not self.sample:
-            return "this server decodes greedily (its model's generation config)"
-        return f"this server samples at temperature {self.temperature}, top_p {self.top_p} (its model's config)"
+from .sampling_settings import EXTENSION_FIELDS
 
 
 @dataclass(frozen=True)
 class Served:
-    """The values of one field the server serves (`ok(value, body, decoding)`), and what to send instead."""
+    """The values of one field the server serves (`ok(value, body)`), and what to send instead."""
 
-    ok: Callable[[Any, dict, Decoding], bool]
-    want: str | Callable[[Decoding], str]
-
-    def instead(self, decoding: Decoding) -> str:
-        return self.want(decoding) if callable(self.want) else self.want
+    ok: Callable[[Any, dict], bool]
+    want: str
 
 
 def same(value, served) -> bool:
@@ -54,46 +31,23 @@ def same(value, served) -> bool:
 
 
 def only(*values, want: str) -> Served:
-    return Served(lambda value, _body, _decoding: any(same(value, v) for v in values), want)
+    return Served(lambda value, _body: any(same(value, v) for v in values), want)
 
 
 REFUSED = "left out (this server does not support it)"
+# transformers' continuous batching can record the chosen token's log probability (one flag for the server, no
+# alternatives) and its handlers put none in an answer: nothing per request to honour top_logprobs with.
+NO_LOGPROBS = "log probabilities are not returned (transformers' handlers answer without them)"
 
 
 def refused(why: str) -> Served:
-    return Served(lambda value, _body, _decoding: any(same(value, v) for v in (False, {}, [])), f"{REFUSED}: {why}")
+    return Served(lambda value, _body: any(same(value, v) for v in (False, {}, [])), f"{REFUSED}: {why}")
 
 
-def temperature_served(value, _body, decoding: Decoding) -> bool:
-    return same(value, decoding.temperature if decoding.sample else 0)
-
-
-def top_p_served(value, body, decoding: Decoding) -> bool:
-    greedy_asked = not decoding.sample and same(body.get("temperature"), 0)  # no top_p at temperature 0
-    return greedy_asked or same(value, decoding.top_p if decoding.sample else 1)
-
-
-def want_temperature(decoding: Decoding) -> str:
-    return f"{decoding.temperature if decoding.sample else 0} or left out: {decoding.describe()}"
-
-
-def want_top_p(decoding: Decoding) -> str:
-    return f"{decoding.top_p if decoding.sample else 1} or left out: {decoding.describe()}"
-
-
-SAMPLING = {
-    "temperature": Served(temperature_served, want_temperature),
-    "top_p": Served(top_p_served, want_top_p),
-    "seed": Served(
-        lambda _value, _body, decoding: not decoding.sample,
-        lambda decoding: f"left out: {decoding.describe()} and one seed cannot be kept per request in a batch",
-    ),
-    "frequency_penalty": only(0, want="0 or left out: penalties are not applied per request in continuous batching"),
-    "presence_penalty": only(0, want="0 or left out: penalties are not applied per request in continuous batching"),
-    "logit_bias": only({}, want="left out: logits processors are not applied per request in continuous batching"),
+COMMON = {
     "n": only(1, want="1: one choice per request (send n requests for n answers)"),
     "stream_options": Served(
-        lambda value, body, _decoding: (
+        lambda value, body: (
             body.get("stream") is True
             and isinstance(value, dict)
             and set(value) <= {"include_usage", "include_obfuscation"}
@@ -104,10 +58,10 @@ SAMPLING = {
 }
 
 CHAT_ONLY = {
-    "logprobs": only(False, want="false or left out: log probabilities are not returned"),
-    "top_logprobs": refused("log probabilities are not returned"),
+    "logprobs": only(False, want=f"false or left out: {NO_LOGPROBS}"),
+    "top_logprobs": refused(NO_LOGPROBS),
     "response_format": Served(
-        lambda value, _body, _decoding: value == {"type": "text"},
+        lambda value, _body: value == {"type": "text"},
         "{'type': 'text'} or left out: JSON modes and schemas are not enforced",
     ),
     "tool_choice": only("auto", want="'auto' or left out: the model decides whether to call a tool"),
@@ -125,15 +79,15 @@ CHAT_ONLY = {
 }
 
 COMPLETION_ONLY = {
-    "logprobs": refused("log probabilities are not returned"),
+    "logprobs": refused(NO_LOGPROBS),
     "best_of": only(1, want="1 or left out: one candidate per request"),
     "suffix": refused("text is not inserted between a prompt and a suffix"),
 }
 
 RESPONSES_ONLY = {
-    **{field: SAMPLING[field] for field in ("temperature", "top_p", "seed", "stream_options")},
+    "stream_options": COMMON["stream_options"],
     "text": Served(
-        lambda value, _body, _decoding: value in ({}, {"format": {"type": "text"}}),
+        lambda value, _body: value in ({}, {"format": {"type": "text"}}),
         "{'format': {'type': 'text'}} or left out: JSON modes and schemas are not enforced",
     ),
     "tool_choice": CHAT_ONLY["tool_choice"],
@@ -142,7 +96,7 @@ RESPONSES_ONLY = {
     "background": only(False, want="false or left out: answers are not run in the background"),
     "truncation": only("disabled", want="'disabled' or left out: inputs are not truncated"),
     "include": refused("no extra output is returned"),
-    "top_logprobs": refused("log probabilities are not returned"),
+    "top_logprobs": refused(NO_LOGPROBS),
     "max_tool_calls": refused("the number of tool calls is not limited"),
     "previous_response_id": refused("nothing is stored: send the whole conversation as input"),
     "conversation": refused("nothing is stored: send the whole conversation as input"),
@@ -156,12 +110,23 @@ RESPONSES_ONLY = {
 }
 
 SERVED = {
-    "/v1/chat/completions": {**SAMPLING, **CHAT_ONLY},
-    "/v1/completions": {**SAMPLING, **COMPLETION_ONLY},
+    "/v1/chat/completions": {**COMMON, **CHAT_ONLY},
+    "/v1/completions": {**COMMON, **COMPLETION_ONLY},
     "/v1/responses": RESPONSES_ONLY,
 }
 
 # Fields taken as they are, for the docs and the test that every OpenAI field is covered.
+SAMPLING_HONOURED = {
+    "temperature": "per request, 0-2; 0 is greedy",
+    "top_p": "per request, above 0 and at most 1",
+    "seed": "per request: the same seed gives the same tokens, whatever else is in the batch",
+    "presence_penalty": "per request, -2 to 2, on the tokens generated so far",
+    "frequency_penalty": "per request, -2 to 2, on the tokens generated so far",
+    "logit_bias": "per request: token ids of the vocabulary to -100 to 100",
+    "top_k": "per request, 0 or -1: off (an extension, as vLLM's)",
+    "repetition_penalty": "per request, above 0 and at most 2, on prompt and answer (an extension, as vLLM's)",
+    "min_tokens": "per request: no end-of-sequence token before this many (an extension, as vLLM's)",
+}
 HONOURED = {
     "/v1/chat/completions": {
         "messages": "the conversation, through the model's chat template; text parts only",
@@ -172,6 +137,7 @@ HONOURED = {
         "stop": "the answer ends before the first stop string, finish_reason 'stop', also streamed",
         "tools": "given to the chat template; calls parsed where the model's tokenizer defines how",
         "chat_template_kwargs": "extra chat template arguments (an extension)",
+        **SAMPLING_HONOURED,
     },
     "/v1/completions": {
         "prompt": "a non-empty string",
@@ -180,6 +146,7 @@ HONOURED = {
         "max_tokens": "new tokens at most",
         "stop": "the text ends before the first stop string, finish_reason 'stop', also streamed",
         "echo": "the prompt comes first in the text",
+        **SAMPLING_HONOURED,
     },
     "/v1/responses": {
         "input": "a string, or messages and text parts, through the model's chat template",
@@ -188,6 +155,7 @@ HONOURED = {
         "stream": "events when true; JSON when false or left out",
         "max_output_tokens": "new tokens at most",
         "tools": "given to the chat template; calls parsed where the model's tokenizer defines how",
+        **{field: SAMPLING_HONOURED[field] for field in ("temperature", "top_p", "seed", *EXTENSION_FIELDS)},
     },
 }
 NO_EFFECT = {
@@ -201,11 +169,9 @@ NO_EFFECT = {
 }
 
 
-def check_served(path: str, body: dict, decoding: Decoding) -> None:
+def check_served(path: str, body: dict) -> None:
     """400 naming the field for a value of `body` this server would not honour."""
     for field, served in SERVED.get(path, {}).items():
         value = body.get(field)
-        if value is not None and not served.ok(value, body, decoding):
-            raise ApiError(
-                400, f"{field} must be {served.instead(decoding)}; got {json.dumps(value)[:60]}", param=field
-            )
+        if value is not None and not served.ok(value, body):
+            raise ApiError(400, f"{field} must be {served.want}; got {json.dumps(value)[:60]}", param=field)

@@ -15,22 +15,27 @@ an id no other has and is cancelled if its client goes away (request_flow.py); e
 shape (api_errors.py); `/health` is 503 once the batching worker is gone.
 
 Version-specific (transformers 5.24): `ModelManager.loaded_models` / `force_model` /
-`process_model_name`, `TimedModel`, `GenerationState.get_manager(...).init_cb(...)`, the handlers'
-`handle_request(body, request_id)`.
+`process_model_name`, `TimedModel`, `GenerationState.get_manager(...)` and its `_cb` (the manager it would make
+in `init_cb`, made here), the handlers' `handle_request(body, request_id)` and `_valid_params_class`.
 """
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from .api_errors import ApiError, error_response, install_error_handlers
+from .batch_sampling import BatchSampler, engine_config, install_batch_sampling
 from .metrics import install_metrics
 from .openai_answers import shape_answer
 from .openapi import generation_operation
 from .request_checks import DEFAULT_MAX_REQUEST_BYTES, check_body, parse_body, read_body, without_nulls
 from .request_flow import request_id_for, run_while_connected
-from .served_fields import Decoding, check_served
+from .sampling_settings import SamplingSettings, read_here, unserved_warpers
+from .served_fields import check_served
 from .stop_strings import honour_stop_strings
+
+logger = logging.getLogger("duocal.serving")
 
 CHAT_PATHS = ("/v1/chat/completions", "/v1/responses")
 
@@ -66,33 +71,38 @@ def model_not_found(name: str, asked) -> ApiError:
 
 @dataclass(frozen=True)
 class Serving:
-    """What every generation route shares: the batching manager, the model's name, its decoding."""
+    """What every generation route shares: the batching manager, the model's name, its per-request sampling."""
 
     manager: Any
     name: str
     chat_template: bool
-    decoding: Decoding
+    sampler: BatchSampler
     max_bytes: int
 
 
-def generation_route(path: str, handler, serving: Serving):
-    """The POST route for `path`: read and check the body, run `handler` while the client is there, and
-    send its answer in OpenAI's form."""
+def generation_route(path: str, handler, serving: Serving, accepted: set[str]):
+    """The POST route for `path`: read and check the body, run `handler` (which accepts the fields `accepted`)
+    while the client is there, with the request's sampling, and send its answer in OpenAI's form."""
     from fastapi import Request
+
+    own_fields = read_here(accepted)
 
     async def route(request: Request):
         body = without_nulls(parse_body(await read_body(request, serving.max_bytes)))
         check_body(path, body)
         if body.get("model") not in (None, serving.name):
             raise model_not_found(serving.name, body["model"])
-        check_served(path, body, serving.decoding)
+        check_served(path, body)
+        sampling = serving.sampler.asked(body)
         if path in CHAT_PATHS and not serving.chat_template:
             raise ApiError(400, f"{serving.name} has no chat template: send a prompt to /v1/completions instead")
         if path == "/v1/responses":
             body.setdefault("stream", False)  # OpenAI's default; transformers' is true
         request_id = request_id_for(request)
         cancel = lambda: serving.manager.cancel_request(request_id)  # noqa: E731
-        response = await run_while_connected(request, answer(handler, body, request_id), cancel)
+        handler_body = {key: value for key, value in body.items() if key not in own_fields}
+        with serving.sampler.expecting(request_id, sampling):
+            response = await run_while_connected(request, answer(handler, handler_body, request_id), cancel)
         response = shape_answer(path, body, response, cancel)
         response.headers["x-request-id"] = request_id
         return response
@@ -124,6 +134,19 @@ def model_routes(app, name: str) -> None:
     app.add_api_route("/v1/models/{model_id:path}", one, methods=["GET"])
 
 
+def sampling_manager(model, cb_config) -> tuple[Any, BatchSampler]:
+    """The batching manager, its pool made now and sampling per request (defaults: the model's generation
+    config), started."""
+    unserved = unserved_warpers(model.generation_config)
+    if unserved:
+        logger.warning("duocal serve: the model's generation config sets %s; not applied", ", ".join(unserved))
+    generation_config = engine_config(model.generation_config)
+    manager = model.init_continuous_batching(generation_config=generation_config, continuous_batching_config=cb_config)
+    sampler = install_batch_sampling(manager, SamplingSettings.of_generation_config(model.generation_config))
+    manager.start()
+    return manager, sampler
+
+
 def build_app(
     model, tokenizer, runtime, name: str, cb_config, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 ) -> ServedModel:
@@ -144,8 +167,8 @@ def build_app(
     models.force_model = name  # set after __init__: nothing is loaded from the Hub
     state = GenerationState(continuous_batching=True, cb_config=cb_config)
     batching = state.get_manager(key, use_cb=True)
-    batching.init_cb(model, model.generation_config)  # the pool is made now, with the model's sampling settings
-    manager = batching._cb
+    manager, sampler = sampling_manager(model, cb_config)
+    batching._cb = manager  # what init_cb would make (the handlers call it; it keeps this one)
     honour_stop_strings(batching, manager)
     app = FastAPI(title="duocal serve", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     install_error_handlers(app, PlanRequestError, CBWorkerDeadError)
@@ -154,12 +177,10 @@ def build_app(
         "/v1/completions": CompletionHandler(models, state),
         "/v1/responses": ResponseHandler(models, state),
     }
-    serving = Serving(
-        manager, name, bool(tokenizer.chat_template), Decoding.of(model.generation_config), max_request_bytes
-    )
+    serving = Serving(manager, name, bool(tokenizer.chat_template), sampler, max_request_bytes)
     for path, handler in handlers.items():
-        route = generation_route(path, handler, serving)
         accepted = set(handler._valid_params_class.__mutable_keys__)
+        route = generation_route(path, handler, serving, accepted)
         app.add_api_route(path, route, methods=["POST"], openapi_extra=generation_operation(path, accepted, name))
     model_routes(app, name)
     app.add_api_route("/health", health_route(manager), methods=["GET"])

@@ -1,6 +1,7 @@
 """`duocal serve` answers as OpenAI's API does (issue 36), against a real server on 127.0.0.1: streams end
 in `data: [DONE]` and carry `usage` only when asked, `stop` and `echo` are honoured, every field it cannot
-honour is a 400 naming it, the model id is the one given, errors after the headers are error events."""
+honour is a 400 naming it, the model id is the one given, errors after the headers are error events.
+Sampling per request: test_serve_sampling.py."""
 
 import http.client
 import json
@@ -136,11 +137,6 @@ REFUSED = [
     ("/v1/completions", "best_of", 3),
     ("/v1/completions", "logprobs", 2),
     ("/v1/completions", "suffix", " and so on"),
-    ("/v1/completions", "temperature", 0.7),
-    ("/v1/completions", "top_p", 0.5),
-    ("/v1/completions", "frequency_penalty", 0.5),
-    ("/v1/completions", "presence_penalty", -1),
-    ("/v1/completions", "logit_bias", {"5": 3}),
     ("/v1/completions", "stream_options", {"include_usage": True}),  # without stream
     ("/v1/chat/completions", "n", 3),
     ("/v1/chat/completions", "logprobs", True),
@@ -153,7 +149,6 @@ REFUSED = [
     ("/v1/chat/completions", "audio", {"voice": "alloy", "format": "wav"}),
     ("/v1/chat/completions", "functions", [{"name": "f"}]),
     ("/v1/chat/completions", "reasoning_effort", "high"),
-    ("/v1/responses", "temperature", 1.0),
     ("/v1/responses", "text", {"format": {"type": "json_object"}}),
     ("/v1/responses", "previous_response_id", "resp_1"),
     ("/v1/responses", "truncation", "auto"),
@@ -370,18 +365,3 @@ def test_stop_text_never_sends_what_may_be_the_start_of_a_stop_string():
     assert cut.stopped and cut.flush() == ""
     with pytest.raises(ValueError, match="non-empty"):
         StopText([""])
-
-
-def test_a_sampling_server_accepts_only_its_own_sampling_settings():
-    from transformers import GenerationConfig
-
-    from duocal.serving.api_errors import ApiError
-    from duocal.serving.served_fields import Decoding, check_served
-
-    sampling = Decoding.of(GenerationConfig(do_sample=True, temperature=0.6, top_p=0.9))
-    assert sampling == Decoding(True, 0.6, 0.9) and Decoding.of(GenerationConfig()) == Decoding(False)
-    check_served("/v1/completions", {"temperature": 0.6, "top_p": 0.9}, sampling)
-    for field, value in [("temperature", 0), ("temperature", 1.0), ("top_p", 1), ("seed", 3)]:
-        with pytest.raises(ApiError, match=f"{field} must be") as refused:
-            check_served("/v1/completions", {field: value}, sampling)
-        assert refused.value.param == field and "samples at temperature 0.6" in refused.value.message
