@@ -1,10 +1,10 @@
 """Where a serving burst's time goes, stock vLLM-CPU against duocal plans: CPU time per engine step.
 
     OMP_NUM_THREADS=1 .venv-vllm/bin/python tests/vllm/bench_steps.py [--prompts 32] [--input-len 1536] \\
-        [--output-len 96] [--threads 1] [--only stock,duo 0.5] [--json OUT]
+        [--output-len 96] [--range-ratio 0.33] [--threads 1] [--only stock,duo 0.5] [--json OUT]
 
-The burst of bench_serving.py (random prompts of input-len +-33%, output-len +-33% new tokens, greedy, ignore_eos)
-in one `LLM.generate`, each configuration in its own process with the in-process engine
+The burst of bench_serving.py (random prompts of input-len, output-len new tokens, both +-33% or +-`--range-ratio`;
+greedy, ignore_eos) in one `LLM.generate`, each configuration in its own process with the in-process engine
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): every engine step is timed, wall and the engine thread's CPU time
 (`time.thread_time`). With one OMP thread the CPU time is the work itself, steady on a shared machine; with two
 threads it also counts spin-waits at OMP barriers. A step is a decode step when every request in it has one
@@ -37,12 +37,16 @@ CONFIGS = {"stock": (None, 0, 64), "stock block 128": (None, 0, 128), "stock cap
            "all-full": (0.0, 0, 64), "duo 0.5": (0.5, 512, 64), "duo 0.75": (0.75, 512, 64)}  # fmt: skip
 
 
-def burst(count: int, input_len: int, output_len: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
-    """bench_serving's random burst: prompt token ids and new-token counts, lengths within +-33%."""
+def burst(count: int, input_len: int, output_len: int, range_ratio: float = 1 / 3,
+          seed: int = 0) -> tuple[list[list[int]], list[int]]:  # fmt: skip
+    """bench_serving's random burst: prompt token ids and new-token counts, lengths within +-range_ratio."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(1000, 40000) for _ in range(rng.randrange(input_len * 2 // 3, input_len * 4 // 3))]
-               for _ in range(count)]  # fmt: skip
-    return prompts, [rng.randrange(output_len * 2 // 3, output_len * 4 // 3) for _ in range(count)]
+
+    def length(mean: int) -> int:
+        return rng.randint(round(mean * (1 - range_ratio)), round(mean * (1 + range_ratio)))
+
+    prompts = [[rng.randrange(1000, 40000) for _ in range(length(input_len))] for _ in range(count)]
+    return prompts, [length(output_len) for _ in range(count)]
 
 
 def time_steps(core) -> list[dict]:
@@ -84,7 +88,7 @@ def run_one(spec: dict) -> dict:
     llm.generate([TokensPrompt(prompt_token_ids=list(range(1000, 1100)))],
                  SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # fmt: skip  # warm-up
     steps = time_steps(llm.llm_engine.engine_core.engine_core)
-    prompts, news = burst(spec["prompts"], spec["input_len"], spec["output_len"])
+    prompts, news = burst(spec["prompts"], spec["input_len"], spec["output_len"], spec["range_ratio"])
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in news]
     start = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
@@ -127,6 +131,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=1536)
     parser.add_argument("--output-len", type=int, default=96)
+    parser.add_argument("--range-ratio", type=float, default=1 / 3, help="lengths within +-this (bench_serving's)")
     parser.add_argument("--threads", type=int, default=1, help="OMP threads of the engine (bound to cores 0..N-1)")
     parser.add_argument("--only", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--json", type=Path)
@@ -144,7 +149,7 @@ def main() -> None:
         if name not in CONFIGS:
             sys.exit(f"--only: unknown config {name!r}; known: {', '.join(CONFIGS)}")
         spec = {"name": name, "model": model, "prompts": args.prompts, "input_len": args.input_len,
-                "output_len": args.output_len}  # fmt: skip
+                "output_len": args.output_len, "range_ratio": args.range_ratio}  # fmt: skip
         done = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True,
                               env=env)  # fmt: skip
         found = [line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
