@@ -327,12 +327,24 @@ def retired_spellings(text: str) -> list[str]:
     return sorted(found)
 
 
+# The glossary names the words it retires; the changelog tells what was renamed when.
+PAGES_THAT_NAME_RETIRED_WORDS = {"docs/contributing/glossary.md", "CHANGELOG.md"}
+
+
+def text_files() -> list[Path]:
+    """The docs, README, the Makefile and the configuration: what users and the build read besides the code."""
+    named = [REPO / n for n in ("README.md", "CHANGELOG.md", "Makefile", "pyproject.toml", "mkdocs.yml", ".ci/run")]
+    found = [*named, *(REPO / "docs").rglob("*.md"), *(REPO / "recipes").rglob("*.yaml")]
+    return [p for p in found if str(p.relative_to(REPO)) not in PAGES_THAT_NAME_RETIRED_WORDS]
+
+
 def test_no_retired_word_comes_back():
     """Every source file of the three packages and of the tests (but this one, which names the words it
-    bans), and the C kernels. The deprecation shims keep old spellings that are not retired words
-    (`budget`, `window`, `num_streaming`, `--windows`), so they pass."""
+    bans), the C kernels, the docs, the Makefile and the configuration. The deprecation shims keep old
+    spellings that are not retired words (`budget`, `window`, `num_streaming`, `--windows`), so they pass."""
     tests = (p for p in (REPO / "tests").rglob("*.py") if p != Path(__file__).resolve())
-    sources = [*modules().values(), *tests, *(REPO / "runtime").rglob("*.[ch]")]
+    sources = [*modules().values(), *tests, *(REPO / "runtime").rglob("*.[ch]"), *text_files()]
+    assert len(text_files()) > 30, "the docs and configuration were not found"
     problems = [f"{path.relative_to(REPO)}: {p}" for path in sources for p in retired_spellings(path.read_text())]
     assert not problems, "\n".join(problems)
 
@@ -349,3 +361,32 @@ def test_the_retired_word_check_finds_each_kind_and_spares_decoded():
         "identifier 'token_coded_bytes': say quantized (the integers are codes)",
         "word 'non-retrieval': see the glossary",
     ]
+
+
+def deprecated_options() -> set[str]:
+    """The command line's old option names (hidden, "Old name of --new") that no command still uses as a name."""
+    import typer.main
+
+    from duocal.cli import app
+
+    def params(command):
+        yield from command.params
+        for sub in getattr(command, "commands", {}).values():
+            yield from params(sub)
+
+    every = list(params(typer.main.get_command(app)))
+    old = {o for p in every if p.hidden and (p.help or "").startswith("Old name of") for o in p.opts}
+    return old - {o for p in every if not p.hidden for o in p.opts}
+
+
+def test_docs_and_the_makefile_use_no_deprecated_option():
+    """A deprecated spelling still works (with a warning) but the docs and the build teach the new one."""
+    old = deprecated_options()
+    assert "--windows" in old and "--policies" not in old  # `profiles show --policies` is a current option
+    found = [
+        f"{path.relative_to(REPO)}: {option}"
+        for path in text_files()
+        for option in sorted(old)
+        if re.search(re.escape(option) + r"(?![\w-])", path.read_text())
+    ]
+    assert not found, "say the current option (duocal COMMAND --help):\n" + "\n".join(found)

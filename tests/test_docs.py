@@ -96,9 +96,7 @@ def docstrings(source: str) -> str:
 def test_named_paths_finds_files_and_folders_and_skips_prose():
     text = "see runtime/profile/format.py, `tests/vllm/` and docs/index.md#x; tok/s and/or a KV head's 1/2"
     assert named_paths(text) == ["runtime/profile/format.py", "tests/vllm", "docs/index.md"]
-    assert missing_paths("runtime/hf_compat.py and out/demo/profile.json", REPO / "Makefile") == [
-        "runtime/hf_compat.py"
-    ]
+    assert missing_paths("runtime/gone.py and out/demo/profile.json", REPO / "Makefile") == ["runtime/gone.py"]
     assert missing_paths("profile/measurements.py", REPO / "runtime" / "profile" / "format.py") == []
 
 
