@@ -166,11 +166,11 @@ def test_the_cli_takes_the_profiler_seed_and_the_row_names_from_their_owners():
     """They live once, in torch-free modules of their rooms (the CLI's start without torch is checked below)."""
     from duocal.cli import options
     from duocal.cli import profiler as profiler_command
+    from duocal.eval import ROW_NAMES
     from duocal.eval.row_kinds import ROWS
-    from duocal.eval.row_names import ROW_NAMES
-    from duocal.profiling import profiler, seed
+    from duocal.profiling import PROFILER_SEED, profiler
 
-    assert profiler_command.PROFILER_SEED is seed.PROFILER_SEED and profiler.ProfilerConfig().seed == seed.PROFILER_SEED
+    assert profiler_command.PROFILER_SEED is PROFILER_SEED and profiler.ProfilerConfig().seed == PROFILER_SEED
     assert options.ROW_NAMES is ROW_NAMES and tuple(ROWS) == ROW_NAMES
 
 
