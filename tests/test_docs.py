@@ -1,12 +1,14 @@
 """The docs outside the site build: README's and the changelog's links lead to files that exist, every
-repository path that a page, a docstring, pyproject.toml or the Makefile names exists, README keeps its
+repository path that a page, a docstring, a comment, pyproject.toml or the Makefile names exists, README keeps its
 shape and its numbers agree with the benchmark pages, and the docs' figures redraw from their saved rows
 (`make figures`). `make docs` checks the site itself."""
 
 import ast
+import io
 import json
 import re
 import struct
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -87,14 +89,12 @@ def missing_paths(text: str, where: Path) -> list[str]:
     return missing
 
 
-def docstrings(source: str) -> str:
-    """Every module, class and function docstring of a Python file, one after another."""
-    nodes = [
-        n
-        for n in ast.walk(ast.parse(source))
-        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-    ]
-    return "\n".join(filter(None, (ast.get_docstring(n, clean=False) for n in nodes)))
+def docstrings_and_comments(source: str) -> str:
+    """Every module, class and function docstring and every comment of a Python file, one after another."""
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docs = [ast.get_docstring(n, clean=False) for n in ast.walk(ast.parse(source)) if isinstance(n, kinds)]
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return "\n".join([*filter(None, docs), *(t.string for t in tokens if t.type == tokenize.COMMENT)])
 
 
 def test_named_paths_finds_files_and_folders_and_skips_prose():
@@ -104,11 +104,11 @@ def test_named_paths_finds_files_and_folders_and_skips_prose():
     assert missing_paths("profile/measurements.py", REPO / "runtime" / "profile" / "format.py") == []
 
 
-def test_every_path_in_docstrings_pages_pyproject_and_the_makefile_exists():
-    """Files move into rooms, and a docstring, a page or a comment of the build that names the old place sends the
+def test_every_path_in_docstrings_comments_pages_pyproject_and_the_makefile_exists():
+    """Files move into rooms, and a docstring, a comment, a page or the build that names the old place sends the
     reader nowhere: every path they name must be there (the changelog names old places on purpose)."""
     sources = sorted(p for folder in SOURCE_FOLDERS for p in (REPO / folder).rglob("*.py"))
-    texts = [(p, docstrings(p.read_text())) for p in sources]
+    texts = [(p, docstrings_and_comments(p.read_text())) for p in sources]
     texts += [(REPO / name, (REPO / name).read_text()) for name in ("pyproject.toml", "Makefile", "mkdocs.yml")]
     texts += [(page, page.read_text()) for page in markdown_pages() if page.name != "CHANGELOG.md"]
     assert len(texts) > 100, "the check reads too few files"
