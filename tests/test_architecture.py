@@ -361,32 +361,3 @@ def test_the_retired_word_check_finds_each_kind_and_spares_decoded():
         "identifier 'token_coded_bytes': say quantized (the integers are codes)",
         "word 'non-retrieval': see the glossary",
     ]
-
-
-def deprecated_options() -> set[str]:
-    """The command line's old option names (hidden, "Old name of --new") that no command still uses as a name."""
-    import typer.main
-
-    from duocal.cli import app
-
-    def params(command):
-        yield from command.params
-        for sub in getattr(command, "commands", {}).values():
-            yield from params(sub)
-
-    every = list(params(typer.main.get_command(app)))
-    old = {o for p in every if p.hidden and (p.help or "").startswith("Old name of") for o in p.opts}
-    return old - {o for p in every if not p.hidden for o in p.opts}
-
-
-def test_docs_and_the_makefile_use_no_deprecated_option():
-    """A deprecated spelling still works (with a warning) but the docs and the build teach the new one."""
-    old = deprecated_options()
-    assert "--windows" in old and "--policies" not in old  # `profiles show --policies` is a current option
-    found = [
-        f"{path.relative_to(REPO)}: {option}"
-        for path in text_files()
-        for option in sorted(old)
-        if re.search(re.escape(option) + r"(?![\w-])", path.read_text())
-    ]
-    assert not found, "say the current option (duocal COMMAND --help):\n" + "\n".join(found)
