@@ -37,7 +37,7 @@ demo-real: setup
 	OMP_NUM_THREADS=2 $(VENV)/bin/duocal eval passkey --model smollm2-135m-instruct --passkeys 1 --haystack repeated \
 		--contexts 2048 --sparsity 0.5 --rows full,duo,streaming,h2o,random --samples 8 --random-seeds 2 \
 		--plot out/demo-real/passkey.png
-	OMP_NUM_THREADS=2 $(VENV)/bin/duocal eval ppl --model smollm2-135m-instruct --context 4096 --sparsity 0.5 --windows 1
+	OMP_NUM_THREADS=2 $(VENV)/bin/duocal eval ppl --model smollm2-135m-instruct --context 4096 --sparsity 0.5 --text-windows 1
 
 # An OpenAI-compatible server for SmolLM2-135M-Instruct with its shipped profile (Ctrl-C stops it).
 serve-demo: setup
@@ -62,7 +62,7 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[docs]'
 	touch $@
 
-# The docs' figures, redrawn from the rows saved beside each (docs/benchmarks/figures/NAME.json -> NAME.png).
+# The docs' figures, each PNG redrawn from the rows saved beside it (docs/benchmarks/figures/*.json).
 figures: setup
 	$(PY) -m duocal.eval.figures docs/benchmarks/figures/*.json
 

@@ -1,6 +1,6 @@
-"""The policies every policy test runs over: one line per policy and storage (kvpress's tests/default_presses.py
-is the model). A new policy, or a new storage of one, is tested everywhere by adding its line here;
-tests/runtime/policies/test_policy_matrix.py fails while a registered policy or a storage it accepts has none.
+"""The policies every policy test runs over: one line per policy and storage (kvpress's list of presses in its
+tests, default_presses.py, is the model). A new policy, or a new storage of one, is tested everywhere by adding its
+line here; tests/runtime/policies/test_policy_matrix.py fails while a registered policy or one of its storages has none.
 
 Sizes are small: the tiny models' prompts (tens of tokens) cross every budget during decode. A test that
 needs a subset takes `policy_matrix(...)` with a filter, never a list of its own."""

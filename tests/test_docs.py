@@ -1,9 +1,14 @@
-"""The docs outside the site build: README's and the changelog's links lead to files that exist, and
-the docs' figures redraw from their saved rows (`make figures`). `make docs` checks the site itself."""
+"""The docs outside the site build: README's and the changelog's links lead to files that exist, every
+repository path that a page, a docstring, a comment, pyproject.toml or the Makefile names exists, README keeps its
+shape and its numbers agree with the benchmark pages, user pages tell no history and teach no deprecated option,
+and the docs' figures redraw from their saved rows (`make figures`). `make docs` checks the site itself."""
 
+import ast
+import io
 import json
 import re
 import struct
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -33,9 +38,8 @@ def named_test_files(markdown: str) -> list[str]:
     return re.findall(r"(?<![\w/.-])tests/[\w/.-]*?\.py\b", markdown)
 
 
-def pages_that_name_test_files() -> list[Path]:
-    docs = sorted(p for p in (REPO / "docs").rglob("*.md") if "_incoming" not in p.parts)
-    return [REPO / "README.md", REPO / "CHANGELOG.md", *docs]
+def markdown_pages() -> list[Path]:
+    return [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
 def test_named_test_files_finds_paths_in_any_markdown():
@@ -46,7 +50,7 @@ def test_named_test_files_finds_paths_in_any_markdown():
 def test_every_test_file_the_docs_name_exists():
     """The tests moved into rooms once (tests/runtime/<room>/, tests/duocal/<room>/) and the docs kept the
     old paths: a page that names a test file must name one that is there (`find tests -name test_x.py`)."""
-    pages = pages_that_name_test_files()
+    pages = markdown_pages()
     assert len(pages) > 20 and any(named_test_files(p.read_text()) for p in pages), "no page names a test file"
     missing = [
         f"{page.relative_to(REPO)}: {path}"
@@ -59,10 +63,162 @@ def test_every_test_file_the_docs_name_exists():
     )
 
 
+# A repository path: folders joined by "/", ending in a file with one of these suffixes or in "/" (a folder).
+REPO_PATH = re.compile(
+    r"(?<![\w./$-])((?:[\w.-]+/)+(?:[\w-]+\.(?:py|md|json|ya?ml|toml|txt|c|h|sh|tsv|png)\b|(?=[\s`)'\",:;]|$)))"
+)
+SOURCE_FOLDERS = ("duocal", "runtime", "vllm_plugin", "tests", "recipes", "docs/_hooks")
+
+
+def named_paths(text: str) -> list[str]:
+    """Paths with at least one "/" that end in a file name with a known suffix or in "/"."""
+    return [m.rstrip("/") for m in REPO_PATH.findall(text)]
+
+
+def missing_paths(text: str, where: Path) -> list[str]:
+    """Named paths that do not exist. A path is read from the repository root or, for a module's docstring,
+    from any folder above the module (`profile/format.py` in runtime/); a path whose first folder is none of
+    those (`out/demo/`, `transformers/cache_utils.py`) names something outside the repository and is not checked."""
+    roots = [REPO, *(parent for parent in where.parents if REPO in parent.parents)]
+    missing = []
+    for path in named_paths(text):
+        first = path.split("/", 1)[0]
+        candidates = [root for root in roots if (root / first).is_dir()]
+        if candidates and not any((root / path).exists() for root in candidates):
+            missing.append(path)
+    return missing
+
+
+def docstrings_and_comments(source: str) -> str:
+    """Every module, class and function docstring and every comment of a Python file, one after another."""
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docs = [ast.get_docstring(n, clean=False) for n in ast.walk(ast.parse(source)) if isinstance(n, kinds)]
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return "\n".join([*filter(None, docs), *(t.string for t in tokens if t.type == tokenize.COMMENT)])
+
+
+def test_named_paths_finds_files_and_folders_and_skips_prose():
+    text = "see runtime/profile/format.py, `tests/vllm/` and docs/index.md#x; tok/s and/or a KV head's 1/2"
+    assert named_paths(text) == ["runtime/profile/format.py", "tests/vllm", "docs/index.md"]
+    assert missing_paths("runtime/gone.py and out/demo/profile.json", REPO / "Makefile") == ["runtime/gone.py"]
+    assert missing_paths("profile/measurements.py", REPO / "runtime" / "profile" / "format.py") == []
+
+
+def test_every_path_in_docstrings_comments_pages_pyproject_and_the_makefile_exists():
+    """Files move into rooms, and a docstring, a comment, a page or the build that names the old place sends the
+    reader nowhere: every path they name must be there (the changelog names old places on purpose)."""
+    sources = sorted(p for folder in SOURCE_FOLDERS for p in (REPO / folder).rglob("*.py"))
+    texts = [(p, docstrings_and_comments(p.read_text())) for p in sources]
+    texts += [(REPO / name, (REPO / name).read_text()) for name in ("pyproject.toml", "Makefile", "mkdocs.yml")]
+    texts += [(page, page.read_text()) for page in markdown_pages() if page.name != "CHANGELOG.md"]
+    assert len(texts) > 100, "the check reads too few files"
+    problems = [f"{path.relative_to(REPO)}: {m}" for path, text in texts for m in missing_paths(text, path)]
+    assert not problems, "paths that do not exist (the file moved: name where it is now):\n" + "\n".join(problems)
+
+
 def test_readme_links_into_every_docs_section():
     links = set(relative_links((REPO / "README.md").read_text()))
     for section in ("getting-started.md", "guides/", "reference/", "benchmarks/", "contributing/"):
         assert any(link.startswith("docs/" + section) for link in links), f"README has no link into docs/{section}"
+
+
+README_SECTIONS = ["Install", "Quick start", "What you get", "Serve, and vLLM", "Documentation", "Citation"]
+
+
+def test_readme_is_short_and_in_the_order_a_reader_needs():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150, "README.md is over 150 lines: move detail into docs/"
+    assert re.findall(r"^## (.+)$", readme, re.M) == README_SECTIONS
+    install = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"^pip install -c constraints.txt ", install, re.M), "no plain pip install line"
+    assert re.search(r"^make demo ", install, re.M) and re.search(r"^make test ", install, re.M)
+    citation = readme.split("## Citation", 1)[1]
+    for arxiv_title in ("DuoAttention", "Heavy-Hitter Oracle", "Attention Sinks"):
+        assert re.search(r"@\w+\{\w+,\n  title\s*= \{[^\n]*" + arxiv_title, citation), arxiv_title
+
+
+def test_readme_results_are_the_benchmark_pages_numbers():
+    """One number per fact: README's table is the passkey table of benchmarks/real-model.md, row for row, and
+    every number of its GPU paragraph is in the H200 table of benchmarks/runtime.md."""
+    readme = (REPO / "README.md").read_text()
+    rows = [line for line in readme.split("## What you get", 1)[1].splitlines() if line.startswith("|")]
+    quality = (REPO / "docs" / "benchmarks" / "real-model.md").read_text()
+    assert len(rows) == 7 and all(row in quality.splitlines() for row in rows), rows
+    gpu = readme.split("**On one H200**", 1)[1].split("\n\n", 1)[0]
+    h200 = (REPO / "docs" / "benchmarks" / "runtime.md").read_text().split("## On one H200", 1)[1].split("\n## ")[0]
+    cells = set(re.findall(r"(?<=\| )\**([\d.]+)\**(?= \|)", h200))
+    numbers = [n for n in re.findall(r"\b(\d+\.\d+)x?\b", gpu)]
+    assert len(numbers) >= 6 and not set(numbers) - cells, sorted(set(numbers) - cells)
+
+
+# What user pages never say: the history of the work (issue numbers, dates, load averages). The changelog is
+# history by design. LEAD_REWRITES: the vLLM throughput page and the vLLM guide's "Measured" section are being
+# rewritten with new numbers elsewhere; drop them from this list when that lands.
+HISTORY = re.compile(r"\bissue \d+|\b20\d\d-\d\d-\d\d\b|\bload(?: average)? [\d~]|\b\d\d:\d\d UTC\b", re.I)
+LEAD_REWRITES = {"docs/benchmarks/vllm-throughput.md": None, "docs/guides/vllm.md": "## Measured"}
+
+
+def user_page_text(page: Path) -> str:
+    text = page.read_text()
+    section = LEAD_REWRITES.get(str(page.relative_to(REPO)), "")
+    if section is None:
+        return ""
+    if section:
+        before, _, rest = text.partition(section)
+        text = before + "\n## " + rest.split("\n## ", 1)[1] if "\n## " in rest else before
+    return text
+
+
+def test_the_history_check_finds_each_kind_and_spares_the_product():
+    text = "(issue 38) measured 2026-12-03 19:06 UTC at load 2-3, load average 5-9, load ~2"
+    assert [m.group(0) for m in HISTORY.finditer(text)] == [
+        "issue 38",
+        "2026-12-03",
+        "19:06 UTC",
+        "load 2",
+        "load average 5",
+        "load ~",
+    ]
+    assert not HISTORY.search("it loads the weights; load_profile(path); the load average before and after; 21:55")
+
+
+def test_user_pages_tell_what_the_product_does_not_the_history_of_the_work():
+    pages = [p for p in markdown_pages() if p.name not in ("CHANGELOG.md", "changelog.md")]
+    found = [f"{p.relative_to(REPO)}: {m.group(0)!r}" for p in pages for m in HISTORY.finditer(user_page_text(p))]
+    assert not found, "say what the product does and how to check it, not when or under which load:\n" + "\n".join(
+        found
+    )
+
+
+def deprecated_options() -> set[str]:
+    """The command line's old option names (hidden, "Old name of --new") that no command still uses as a name."""
+    import typer.main
+
+    from duocal.cli import app
+
+    def params(command):
+        yield from command.params
+        for sub in getattr(command, "commands", {}).values():
+            yield from params(sub)
+
+    every = list(params(typer.main.get_command(app)))
+    old = {o for p in every if p.hidden and (p.help or "").startswith("Old name of") for o in p.opts}
+    return old - {o for p in every if not p.hidden for o in p.opts}
+
+
+def test_docs_and_the_makefile_use_no_deprecated_option():
+    """A deprecated spelling still works (with a warning) but the docs and the build teach the new one."""
+    old = deprecated_options()
+    assert "--windows" in old and "--policies" not in old  # `profiles show --policies` is a current option
+    teaching = [p for p in markdown_pages() if p.name not in ("CHANGELOG.md", "changelog.md", "glossary.md")]
+    teaching += [REPO / name for name in ("Makefile", "pyproject.toml", "mkdocs.yml", ".ci/run")]
+    found = [
+        f"{path.relative_to(REPO)}: {option}"
+        for path in teaching
+        for option in sorted(old)
+        if re.search(re.escape(option) + r"(?![\w-])", path.read_text())
+    ]
+    assert not found, "say the current option (duocal COMMAND --help):\n" + "\n".join(found)
 
 
 def test_make_test_builds_the_docs_strictly():

@@ -16,12 +16,13 @@ from __future__ import annotations
 from vllm.logger import init_logger
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from duocal_runtime.planning.sizes import GiB
+
 from .head_plan import DUO_ARCHITECTURES
 from .version import check_vllm_version, installed_vllm
 
 ARCHITECTURES = {duo: f"duocal_vllm.models:{duo}" for duo in DUO_ARCHITECTURES.values()}
 logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the "vllm" logger only
-GiB = 2**30
 
 
 def register() -> None:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from vllm.logger import init_logger
 
+from duocal_runtime.planning.sizes import GiB
+
 from .head_plan import DuoVllmError, HeadSpec
 from .vllm_internals import KVCacheSpec, KVCacheSpecRegistry, SlidingWindowManager, SlidingWindowSpec, cdiv
 
@@ -102,10 +104,10 @@ def check_lone_request_fits(table: list[list[HeadSpec]], vllm_config, head_size:
     needed = lone_request_bytes(table, vllm_config, head_size, dtype)
     if needed > space:
         raise DuoVllmError(
-            f"a KV space of {space / 2**30:g} GiB is too small for one request of max_model_len "
+            f"a KV space of {space / GiB:g} GiB is too small for one request of max_model_len "
             f"{vllm_config.model_config.max_model_len} alone in the engine: with its prefill chunks of up to "
             f"max_num_batched_tokens {vllm_config.scheduler_config.max_num_batched_tokens} it needs "
-            f"{needed / 2**30:.2f} GiB. Give more KV space (--kv-memory), a smaller --max-num-batched-tokens or "
+            f"{needed / GiB:.2f} GiB. Give more KV space (--kv-memory), a smaller --max-num-batched-tokens or "
             "--max-model-len, or --long-prefill-token-threshold 0 (fewer requests at once)"
         )
 

@@ -3,7 +3,8 @@
 A page holds a marker line and the hook replaces it before the page is rendered:
 `<!-- generated: cli -->` (every `duocal` command, from the typer app), `<!-- generated: python-api -->`
 (mkdocstrings blocks for each public name of `duocal_runtime`, from its export table) and
-`<!-- generated: layers -->` (the layer order `tests/test_architecture.py` enforces).
+`<!-- generated: layers -->` (the layer order `tests/test_architecture.py` enforces) and
+`<!-- generated: quick-start -->` (README's "Quick start" section, which `tests/test_real_model.py` runs).
 """
 
 from __future__ import annotations
@@ -121,4 +122,12 @@ def layers_table() -> str:
     return "\n".join(["| layer | rooms (folders or modules) |", "|---|---|", *rows])
 
 
-GENERATORS = {"cli": cli_reference, "python-api": python_api, "layers": layers_table}
+# --- README's quick start ----------------------------------------------------------------------
+def readme_quick_start() -> str:
+    """The body of README's "## Quick start" section: the site shows the commands README shows, not a copy."""
+    from duocal.eval.quick_start_timing import quick_start_section
+
+    return quick_start_section((REPO / "README.md").read_text()).split("\n", 1)[1].strip()
+
+
+GENERATORS = {"cli": cli_reference, "python-api": python_api, "layers": layers_table, "quick-start": readme_quick_start}

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from duocal.eval.row_names import ROW_NAMES
+from duocal.eval import ROW_NAMES
 
 ModelOpt = Annotated[
     Optional[str],

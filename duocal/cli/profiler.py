@@ -7,9 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from duocal.profiling.seed import PROFILER_SEED
+from duocal.profiling import PROFILER_SEED
 from duocal.reports.progress import stderr_progress
-from duocal_runtime.profile.format_version import VERSION as PROFILE_VERSION
+from duocal_runtime.profile import VERSION as PROFILE_VERSION
 
 from .options import CHAT_DEPTHS_TEXT, DepthsOpt, split
 from .user_errors import user_errors

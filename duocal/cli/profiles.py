@@ -10,7 +10,7 @@ import typer
 
 import duocal_runtime as dr
 from duocal_runtime.files.output_paths import check_output, check_output_folder
-from duocal_runtime.profile.upstream_layout import CONFIG_NAME, TSV_NAME
+from duocal_runtime.profile import CONFIG_NAME, TSV_NAME
 
 from ..reports.profile_compare import compare_profiles
 from ..reports.profile_summary import profile_summary, render_summary

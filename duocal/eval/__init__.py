@@ -1,12 +1,15 @@
 """Evaluation through the per-head KV cache (passkey retrieval, perplexity), and where retrieval happens.
 
-Names load on first use (PEP 562): the torch-free modules of this package (row_names.py) import
-without the evaluation's machinery."""
+Names load on first use (PEP 562): `ROW_NAMES` imports without the evaluation's machinery, so the
+CLI's `--help` names the rows without loading a model's."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+# The built-in evaluation rows, in the order tables list them; row_kinds.py registers one kind per name.
+ROW_NAMES = ("full", "duo", "streaming", "h2o", "random", "snapkv", "mix")
 
 _EXPORTS = {  # public name -> the module that defines it
     "passkey_retrieval": ("PasskeyEvalConfig", "PasskeyRow", "evaluate_passkey"),
@@ -15,7 +18,7 @@ _EXPORTS = {  # public name -> the module that defines it
     "row_kinds": ("ROWS", "register_row"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_MODULE_OF)
+__all__ = sorted([*_MODULE_OF, "ROW_NAMES"])
 
 
 def __getattr__(name: str) -> Any:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import duocal_runtime as dr
-from duocal.eval.row_names import ROW_NAMES
+from duocal.eval import ROW_NAMES
 from duocal_runtime.planning.head_order import bounded_head_count
 from duocal_runtime.policies import POLICIES
 
@@ -186,7 +186,7 @@ register_row(
     )
 )
 
-assert tuple(ROWS) == ROW_NAMES, "row_names.ROW_NAMES names the registered rows, in their order"
+assert tuple(ROWS) == ROW_NAMES, "duocal.eval.ROW_NAMES names the registered rows, in their order"
 
 
 # --- choosing and building rows -------------------------------------------------------------

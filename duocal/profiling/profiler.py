@@ -32,10 +32,10 @@ from duocal.eval.chat_passkey import check_chat
 from duocal.eval.perplexity import text_windows
 from duocal.eval.protocols import question_start
 from duocal.eval.row_kinds import Progress, refuse_beyond_positions
+from duocal.profiling import PROFILER_SEED
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_keys, kept_share, retrieval_score, selected_by_passes, snapkv_kept
 from duocal.profiling.profile_scores import SCORE_METHODS, SCORES, chosen_scores
-from duocal.profiling.seed import PROFILER_SEED
 from duocal.profiling.streaming_loss import streaming_loss
 from duocal_runtime.profile.measurements import Measurement, error_name, kept_name
 from duocal_runtime.quant.codes import default_group

@@ -9,9 +9,9 @@ from rich.markup import escape
 from rich.table import Table
 
 import duocal_runtime as dr
+from duocal_runtime.planning.sizes import human_bytes
 
 from .terminal import simple_head_box
-from .units import human_bytes
 
 HISTOGRAM_BINS = 10
 

@@ -4,7 +4,7 @@ Read at each scrape: requests running and waiting in the batching worker, pages 
 per allocator (`full_attention`: pages of the full heads of every layer; `sliding_attention`: each request's
 block of bounded-head slots). Counted as they happen: prompt and generated tokens of finished generations,
 HTTP requests answered (`route`, `status`) and their latency (to the last byte of a stream). Names follow
-Prometheus' conventions (`_total` for counters, base units); docs/_incoming/serve-ops.md lists them.
+Prometheus' conventions (`_total` for counters, base units); docs/guides/serve.md (`GET /metrics`) lists them.
 """
 
 import time

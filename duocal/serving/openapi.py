@@ -1,9 +1,9 @@
 """The OpenAPI description of `duocal serve`'s generation routes (served at `/openapi.json`): each body's
-fields as request_checks.py checks them, the other fields transformers' handler for the route accepts
-(untyped: the server does not read them, see docs/_incoming/serve-ops.md), the sampling extensions it reads
-itself (sampling_settings.EXTENSION_FIELDS), no field beyond those (400), and
-every error in OpenAI's shape. tests/test_serve_fuzz.py fuzzes the server from it with schemathesis, and
-checks that it types exactly the fields request_checks.py checks."""
+fields as request_checks.py checks them, the other fields transformers' handler for the route accepts (untyped:
+the server does not read them; docs/guides/serve.md says what it does with each field), the sampling extensions it
+reads itself (sampling_settings.EXTENSION_FIELDS), no field beyond those (400), and every error in OpenAI's shape.
+tests/duocal/serving/test_serve_fuzz.py fuzzes the server from it with schemathesis, and checks that it types exactly
+the fields request_checks.py checks."""
 
 from __future__ import annotations
 

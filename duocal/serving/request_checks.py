@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from duocal.reports.units import bytes_with_count
+from duocal_runtime.planning.sizes import bytes_with_count
 
 from .api_errors import ApiError
 

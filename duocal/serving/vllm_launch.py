@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from duocal_runtime.planning.sizes import GiB
+
 VLLM_MISSING = (
     "vLLM is not installed in this environment ({python}): run `make vllm`, then "
     "`.venv-vllm/bin/duocal serve MODEL --engine vllm ...`"
@@ -33,7 +35,6 @@ OWN_OPTIONS = {  # vLLM options duocal sets itself: passing them after `--` is r
     "--host": "--host",
     "--port": "--port",
 }
-GiB = 2**30
 CHUNK_CAP_OPTION = "--long-prefill-token-threshold"
 VLLM_CPU_BLOCK_SIZE = 128  # vLLM-CPU's default block size
 

@@ -24,6 +24,7 @@ from ..paged.paged_cache import DuoPagedCache, pool_summary
 from ..paged.pool_size import pool_blocks, pool_config
 from ..paged.quantized_pages import page_size_for
 from ..planning.budget import Budget
+from ..planning.sizes import GiB
 from .serving import PAGE
 from .shapes import SHAPES
 
@@ -67,7 +68,7 @@ def main(argv=None) -> None:
                 ratio = s["requests"] / s["plain_requests"] if s["plain_requests"] else float("inf")
                 print(
                     f"{context} | {sparsity:.0%} | {bits} | {s['requests']} | {s['plain_requests']} | {ratio:.2f} | "
-                    f"{s['bytes_per_request'] / 2**30:.2f} GiB"
+                    f"{s['bytes_per_request'] / GiB:.2f} GiB"
                 )
 
 

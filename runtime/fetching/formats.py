@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..profile.upstream_layout import CONFIG_NAME, TSV_NAME
+from ..profile import CONFIG_NAME, TSV_NAME
 
 DUOCAL, UPSTREAM = "duocal", "upstream-duo-attention"
 FORMAT_FILES = {

@@ -9,7 +9,7 @@ from numbers import Integral
 from typing import Any
 
 from ..errors import PlanError
-from .sizes import bytes_with_count
+from .sizes import GiB, KiB, MiB, bytes_with_count
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float8": 1, "fp8": 1}
 
@@ -31,10 +31,10 @@ _BYTE_UNITS = {
     "mb": 10**6,
     "gb": 10**9,
     "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
+    "tib": GiB * KiB,
 }
 _TOKEN_UNITS = {"tok": 1, "tokens": 1, "token": 1, "ktok": 10**3, "k tokens": 10**3}
 

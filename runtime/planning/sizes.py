@@ -1,4 +1,7 @@
-"""Byte counts for people: '102.7 MiB', with the exact count after it where a message needs both."""
+"""Byte counts for people: '102.7 MiB', with the exact count after it where a message needs both; the binary
+units themselves, defined here once."""
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
 
 
 def human_bytes(n: float) -> str:

@@ -35,8 +35,8 @@ from ..errors import ProfileError
 from ..files.atomic import write_atomic
 from ..files.strict_json import loads_strict
 from ..policies import HeadPolicy
+from . import READABLE_VERSIONS, VERSION
 from .deploy_defaults import DeployDefaults, deploy_from_dict
-from .format_version import READABLE_VERSIONS, VERSION
 from .measurements import Measurement, checked_table, measurement_from_dict
 from .shape import SHAPE_FIELDS, ModelShape, shape_of_config
 

@@ -18,9 +18,9 @@ from typing import Any
 from ..errors import ProfileError
 from ..files.atomic import write_files_atomic
 from ..policies import SinkWindow
+from . import CONFIG_NAME, TSV_NAME
 from .format import DeployDefaults, ModelInfo, Profile
 from .shape import ModelShape, load_local_config, shape_of_config
-from .upstream_layout import CONFIG_NAME, TSV_NAME
 
 UPSTREAM_REPO = "mit-han-lab/duo-attention"
 UPSTREAM_COMMIT = "fe93c314ae87306ef6629dc16713250b4718ffe7"

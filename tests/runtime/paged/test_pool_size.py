@@ -1,5 +1,5 @@
-"""KV bytes have one owner per storage kind (quant/codes.py) and a pool's size one owner
-(paged/pool_size.py): policies, the paged cache, the benchmarks and `duocal serve` all agree with it."""
+"""KV bytes have one owner per storage kind (runtime/quant/codes.py) and a pool's size one owner
+(runtime/paged/pool_size.py): policies, the paged cache, the benchmarks and `duocal serve` all agree with it."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""The order heads stop being full (runtime/head_order.py): only exactly equal scores tie.
+"""The order heads stop being full (runtime/planning/head_order.py): only exactly equal scores tie.
 
 Issue 38: a 1e-3 tie tolerance let measured losses bound SmolLM2's small but non-zero gates of
 retrieval heads (layers 14-18) while zero-gate heads of layers 0-1 stayed full.

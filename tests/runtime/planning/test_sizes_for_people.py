@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli.app import app
-from duocal.reports.units import bytes_with_count, human_bytes
 from duocal.serving.request_checks import too_large
+from duocal_runtime.planning.sizes import bytes_with_count, human_bytes
 
 from helpers import random_profile
 
