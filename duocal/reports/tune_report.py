@@ -42,14 +42,18 @@ def render_tune_table(record: dict[str, Any], console: Console | None = None) ->
             f"{p['sparsity']:g}",
             human_bytes(p["kv_bytes"]),
             f"{p['fraction_of_full']:.2f}",
-            f"{p['loss']:.4f}",
-            f"{p['loss'] - full['loss']:+.4f}",
+            number(p["loss"], "{:.4f}"),
+            number(None if None in (p["loss"], full["loss"]) else p["loss"] - full["loss"], "{:+.4f}"),
             exact,
             mark,
         )
     console.print(table)
     console.print(f"rule: {escape(record['rule']['text'])}")
     console.print(f"chosen sparsity: {record['chosen_sparsity']:g}")
+
+
+def number(value: float | None, form: str) -> str:
+    return "not finite" if value is None else form.format(value)
 
 
 def plot_tune_curve(record: dict[str, Any], path: str | Path) -> Path:

@@ -32,7 +32,12 @@ class CurvePoint:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As JSON holds it: a loss that is not finite (the model's outputs overflowed) is null."""
+        return {**asdict(self), "loss": self.loss if math.isfinite(self.loss) else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CurvePoint:
+        return cls(**{**data, "loss": math.nan if data.get("loss") is None else data["loss"]})
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def test_the_written_profile_deploys_what_the_rule_picks_on_the_measured_table(i
     record = json.loads(result.stdout)
     tuned = dr.load_profile(out)
     assert tuned.source["tuned"] == record
-    points = [CurvePoint(**p) for p in record["table"]]
+    points = [CurvePoint.from_dict(p) for p in record["table"]]
     assert [p.sparsity for p in points] == [0.0, 0.25, 0.5, 0.75] and all(p.total == 3 for p in points)
     rule = Rule(record["rule"]["tolerance_nats"], record["rule"]["max_miss"])
     assert tuned.deploy.sparsity == record["chosen_sparsity"] == choose(points, rule)

@@ -49,8 +49,10 @@ def test_text_curves_without_exact_match_are_chosen_by_loss_alone():
     assert choose(points, Rule(tolerance=0.05)) == 0.5
 
 
-def test_a_nan_loss_never_passes():
-    assert choose(curve((0.0, 0.2, 8), (0.5, math.nan, 8)), Rule()) == 0.0
+def test_a_nan_loss_never_passes_and_is_stored_as_null():
+    points = curve((0.0, 0.2, 8), (0.5, math.nan, 8))
+    assert choose(points, Rule()) == 0.0
+    assert points[1].to_dict()["loss"] is None and math.isnan(CurvePoint.from_dict(points[1].to_dict()).loss)
 
 
 @pytest.mark.parametrize(
