@@ -15,7 +15,7 @@ from duocal.eval.passkey_retrieval import PasskeyRow
 from duocal.eval.perplexity import PerplexityRow
 from duocal.eval.row_kinds import ROWS
 from duocal.reports.terminal import simple_head_box, table_console
-from duocal.reports.units import human_bytes
+from duocal.reports.units import byte_unit, human_bytes
 from duocal_runtime.files.atomic import write_atomic
 from duocal_runtime.quant.hf_baselines import HF_QUANTIZED
 
@@ -127,14 +127,6 @@ def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, tit
             heads_text(row),
         )
     console.print(table)
-
-
-def byte_unit(largest: float) -> tuple[str, float]:
-    """The binary unit in which `largest` bytes reads with at most four digits: (name, bytes per unit)."""
-    for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if largest >= size:
-            return name, size
-    return "B", 1
 
 
 def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = None, subtitle: str = "") -> Path:

@@ -9,10 +9,9 @@ from rich.markup import escape
 from rich.table import Table
 
 import duocal_runtime as dr
-from duocal.tuning.tune_record import tuned_of
 
 from .terminal import simple_head_box
-from .tune_report import number
+from .tune_report import finite_text, tuned_of
 from .units import human_bytes
 
 HISTOGRAM_BINS = 10
@@ -180,5 +179,5 @@ def render_tuned(t: dict[str, Any], console: Console) -> None:
     console.print(f"  rule: {escape(str((t.get('rule') or {}).get('text')))}")
     for p in t["table"]:
         exact = "" if p.get("exact") is None else f", exact {p['exact']}/{p['total']}"
-        loss = number(p["loss"], "{:.4f}")
+        loss = finite_text(p["loss"], "{:.4f}")
         console.print(f"  sparsity {p['sparsity']:g}: KV {p['fraction_of_full']:.2f} of full, loss {loss}{exact}")

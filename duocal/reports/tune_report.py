@@ -11,11 +11,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from duocal.eval.tables import byte_unit
 from duocal_runtime.files.atomic import write_atomic
 
 from .terminal import simple_head_box, table_console
-from .units import human_bytes
+from .units import byte_unit, human_bytes
+
+TUNED = "tuned"  # the key of `duocal tune`'s record in a profile's source
+
+
+def tuned_of(profile) -> dict[str, Any] | None:
+    """The record `duocal tune` left in `profile` (a `dr.Profile`), if any and readable."""
+    record = profile.source.get(TUNED)
+    return record if isinstance(record, dict) and isinstance(record.get("table"), list) else None
 
 
 def loss_label(record: dict[str, Any]) -> str:
@@ -42,8 +49,8 @@ def render_tune_table(record: dict[str, Any], console: Console | None = None) ->
             f"{p['sparsity']:g}",
             human_bytes(p["kv_bytes"]),
             f"{p['fraction_of_full']:.2f}",
-            number(p["loss"], "{:.4f}"),
-            number(None if None in (p["loss"], full["loss"]) else p["loss"] - full["loss"], "{:+.4f}"),
+            finite_text(p["loss"], "{:.4f}"),
+            finite_text(None if None in (p["loss"], full["loss"]) else p["loss"] - full["loss"], "{:+.4f}"),
             exact,
             mark,
         )
@@ -52,7 +59,7 @@ def render_tune_table(record: dict[str, Any], console: Console | None = None) ->
     console.print(f"chosen sparsity: {record['chosen_sparsity']:g}")
 
 
-def number(value: float | None, form: str) -> str:
+def finite_text(value: float | None, form: str) -> str:
     return "not finite" if value is None else form.format(value)
 
 

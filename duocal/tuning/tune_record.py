@@ -13,11 +13,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 import duocal_runtime as dr
+from duocal.reports.tune_report import TUNED
 
 from .tune_data import TuneData
 from .tune_rule import CurvePoint, Rule
-
-TUNED = "tuned"  # the key of the record in the profile's source
 
 
 def tune_record(
@@ -40,9 +39,3 @@ def tuned_profile(profile: dr.Profile, record: dict[str, Any]) -> dr.Profile:
     """`profile` deploying `record`'s chosen sparsity, the record in its source (a former one replaced)."""
     source = {**profile.source, TUNED: record}
     return replace(profile.with_deploy(sparsity=record["chosen_sparsity"]), source=source)
-
-
-def tuned_of(profile: dr.Profile) -> dict[str, Any] | None:
-    """The record `duocal tune` left in `profile`, if any and readable."""
-    record = profile.source.get(TUNED)
-    return record if isinstance(record, dict) and isinstance(record.get("table"), list) else None
