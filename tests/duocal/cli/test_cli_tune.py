@@ -34,11 +34,10 @@ def tune(*args):
     return CliRunner().invoke(app, ["tune", *map(str, args)])
 
 
-def test_the_written_profile_deploys_what_the_rule_picks_on_the_measured_table(inputs, tmp_path):
+def tune_on_text(inputs, samples, sparsities, *more):
+    """`duocal tune` on the tiny model, its profile and the text in windows of 64 tokens."""
     model, profile, text = inputs
-    before = profile.read_bytes()
-    out = tmp_path / "tuned.json"
-    result = tune(
+    return tune(
         model,
         "--profile",
         profile,
@@ -47,8 +46,20 @@ def test_the_written_profile_deploys_what_the_rule_picks_on_the_measured_table(i
         "--context",
         64,
         "--samples",
-        3,
+        samples,
         "--sparsities",
+        sparsities,
+        *more,
+    )
+
+
+def test_the_written_profile_deploys_what_the_rule_picks_on_the_measured_table(inputs, tmp_path):
+    model, profile, text = inputs
+    before = profile.read_bytes()
+    out = tmp_path / "tuned.json"
+    result = tune_on_text(
+        inputs,
+        3,
         "0.25,0.5,0.75",
         "--tolerance",
         0.02,
@@ -81,17 +92,9 @@ def test_the_choice_follows_the_table_not_the_input_profile(inputs, tmp_path, mo
     monkeypatch.setattr(tune_curve, "measure_curve", measured)
     dr.save_profile(dr.load_profile(profile).with_deploy(sparsity=0.75), profile)
     out, plot = tmp_path / "tuned.json", tmp_path / "curve.png"
-    result = tune(
-        model,
-        "--profile",
-        profile,
-        "--data",
-        text,
-        "--context",
-        64,
-        "--samples",
+    result = tune_on_text(
+        inputs,
         2,
-        "--sparsities",
         "0.25,0.5,0.75",
         "--output",
         out,
@@ -117,17 +120,9 @@ def test_a_flat_curve_deploys_the_highest_sparsity(inputs, tmp_path):
     model, profile, text = inputs
     dr.save_profile(dr.load_profile(profile).with_deploy(dr.SinkWindow(sink=4, recent=1000)), profile)
     out = tmp_path / "tuned.json"
-    result = tune(
-        model,
-        "--profile",
-        profile,
-        "--data",
-        text,
-        "--context",
-        64,
-        "--samples",
+    result = tune_on_text(
+        inputs,
         2,
-        "--sparsities",
         "0.5,0.25,0.75",
         "--tolerance",
         0,
