@@ -234,7 +234,7 @@ LAYERS = [
     {"duocal.reports", "duocal.data"},
     {"duocal.models"},
     {"duocal.calibrate", "duocal.eval"},
-    {"duocal.profiling", "duocal.demo", "duocal.serving"},
+    {"duocal.profiling", "duocal.demo", "duocal.serving", "duocal.tuning"},
     {"duocal.cli"},
     {"duocal.__main__"},
 ]

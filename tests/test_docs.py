@@ -268,6 +268,7 @@ def test_the_smollm2_figure_plots_the_table_it_shows():
         ('[{"row": "full", "context": "512", "exact_match": 1.0, "kv_bytes": 10}]', "context must be a finite int"),
         ('[{"row": "full", "context": 512, "exact_match": NaN, "kv_bytes": 10}]', "exact_match must be a finite float"),
         ('[{"row": "", "context": 512, "exact_match": 1.0, "kv_bytes": 10}]', "row must be a non-empty string"),
+        ('{"tune": {"table": [{"sparsity": 0.5}]}}', "the record `duocal tune --json` prints"),
     ],
 )
 def test_a_bad_figure_file_is_one_error_line_and_no_png(tmp_path, capsys, content, words):

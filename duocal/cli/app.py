@@ -10,6 +10,7 @@ from .profiler import PROFILER_EPILOG, profiler_command
 from .profiles import profiles_app
 from .recipes import recipes_app
 from .serve import SERVE_EPILOG, serve_command
+from .tune import TUNE_EPILOG, tune_command
 
 app = typer.Typer(
     name="duocal",
@@ -24,4 +25,5 @@ app.add_typer(models_app, name="models")
 app.add_typer(recipes_app, name="recipes")
 app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate_command)
 app.command("profile", epilog=PROFILER_EPILOG)(profiler_command)
+app.command("tune", epilog=TUNE_EPILOG)(tune_command)
 app.command("serve", epilog=SERVE_EPILOG, context_settings={"allow_extra_args": True})(serve_command)

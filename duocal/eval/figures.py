@@ -6,7 +6,9 @@ plot's title and the command that measured them::
 
     {"title": "...", "subtitle": "...", "command": "duocal eval passkey ...", "rows": [{...}, ...]}
 
-A bare JSON list (the `--json` output itself) is read too. The PNG is written beside the file
+A bare JSON list (the `--json` output itself) is read too. A `duocal tune` curve is a file holding the
+record `duocal tune --json` prints under `"tune"` (`{"command": "duocal tune ...", "tune": {...}}`).
+The PNG is written beside the file
 (`NAME.json` -> `NAME.png`), so a plot's look changes in one place (`tables.plot_rows`) and every
 figure follows with one command (`make figures`), without re-running its evaluation.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from duocal.eval.tables import plot_rows
+from duocal.reports.tune_report import plot_tune_curve
 from duocal_runtime.files.regular_files import read_text
 
 REQUIRED = {"row": str, "context": int, "exact_match": float, "kv_bytes": int}
@@ -84,8 +87,26 @@ def load_figure(path: Path) -> tuple[list[SavedRow], str | None, str]:
 
 def draw(path: Path) -> Path:
     """Redraw the figure of `path` (a figure file) into the PNG beside it."""
+    record = tune_record_of(path)
+    if record is not None:
+        return plot_tune_curve(record, path.with_suffix(".png"))
     rows, title, subtitle = load_figure(path)
     return plot_rows(rows, path.with_suffix(".png"), title=title, subtitle=subtitle)
+
+
+def tune_record_of(path: Path) -> dict[str, Any] | None:
+    """The `duocal tune` record a figure file holds under "tune", checked; None for a passkey figure."""
+    try:
+        data = json.loads(read_text(path, "figure file"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    if not isinstance(data, dict) or "tune" not in data:
+        return None
+    record = data["tune"]
+    points = record.get("table") if isinstance(record, dict) else None
+    if not isinstance(points, list) or not any(isinstance(p, dict) and p.get("sparsity") == 0 for p in points):
+        raise ValueError(f'{path}: "tune" must be the record `duocal tune --json` prints (its table holds sparsity 0)')
+    return record
 
 
 def main(argv: list[str] | None = None) -> None:

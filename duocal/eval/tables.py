@@ -16,7 +16,7 @@ from duocal.eval.perplexity import PerplexityRow
 from duocal.eval.row_kinds import ROWS
 from duocal.reports.terminal import simple_head_box, table_console
 from duocal_runtime.files.atomic import write_atomic
-from duocal_runtime.planning.sizes import GiB, KiB, MiB, human_bytes
+from duocal_runtime.planning.sizes import byte_unit, human_bytes
 from duocal_runtime.quant.hf_baselines import HF_QUANTIZED
 
 PROTOCOL_MARKS = {"query-aware": "", "query-agnostic": " (q after)", "multi-turn": " (turns)"}
@@ -127,14 +127,6 @@ def render_table(rows: Sequence[PasskeyRow], console: Console | None = None, tit
             heads_text(row),
         )
     console.print(table)
-
-
-def byte_unit(largest: float) -> tuple[str, float]:
-    """The binary unit in which `largest` bytes reads with at most four digits: (name, bytes per unit)."""
-    for name, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if largest >= size:
-            return name, size
-    return "B", 1
 
 
 def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = None, subtitle: str = "") -> Path:

@@ -12,6 +12,7 @@ import duocal_runtime as dr
 from duocal_runtime.planning.sizes import human_bytes
 
 from .terminal import simple_head_box
+from .tune_report import finite_text, tuned_of
 
 HISTOGRAM_BINS = 10
 
@@ -105,7 +106,18 @@ def profile_summary(
         "policy_counts": counts,
         **tie_report(profile, plan),
         "measurements": sorted(profile.measurements),
+        "tuned": tuned_summary(profile),
     }
+
+
+def tuned_summary(profile: dr.Profile) -> dict[str, Any] | None:
+    """How `duocal tune` chose the deploy sparsity (its record without the timings), if it did."""
+    record = tuned_of(profile)
+    if record is None:
+        return None
+    keys = ("at", "data", "context", "dtype", "rule", "chosen_sparsity")
+    table = [{k: p.get(k) for k in ("sparsity", "fraction_of_full", "loss", "exact", "total")} for p in record["table"]]
+    return {**{k: record.get(k) for k in keys}, "table": table}
 
 
 def policy_text(policy: dict[str, Any] | None) -> str:
@@ -145,6 +157,8 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
             f"{s['tie_decided_heads']} bounded heads were chosen among {s['tied_heads']} heads of equal score, "
             f"by {s['ties_broken_by']}{hint}"
         )
+    if s.get("tuned"):
+        render_tuned(s["tuned"], console)
     if s.get("context_from", "--context") != "--context":
         console.print(f"context {s['context']} tokens: {escape(s['context_from'])}")
     console.print(
@@ -153,3 +167,17 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
         + f"): {human_bytes(s['kv_bytes_plan'])} vs "
         f"{human_bytes(s['kv_bytes_full'])} full ({s['fraction_of_full']:.1%})"
     )
+
+
+def render_tuned(t: dict[str, Any], console: Console) -> None:
+    """Lines that say how `duocal tune` chose the deploy sparsity."""
+    data = t.get("data") or {}
+    console.print(
+        f"deploy sparsity {t['chosen_sparsity']:g} chosen by duocal tune ({escape(str(t.get('at')))}) on "
+        f"{escape(str(data.get('name')))} ({data.get('items')} items, {escape(str(data.get('fingerprint')))})"
+    )
+    console.print(f"  rule: {escape(str((t.get('rule') or {}).get('text')))}")
+    for p in t["table"]:
+        exact = "" if p.get("exact") is None else f", exact {p['exact']}/{p['total']}"
+        loss = finite_text(p["loss"], "{:.4f}")
+        console.print(f"  sparsity {p['sparsity']:g}: KV {p['fraction_of_full']:.2f} of full, loss {loss}{exact}")

@@ -16,3 +16,11 @@ def human_bytes(n: float) -> str:
 def bytes_with_count(n: int) -> str:
     """'102.7 MiB (107,642,880 bytes)': readable first, exact for whoever compares numbers; '512 B' alone."""
     return human_bytes(n) if abs(n) < 1024 else f"{human_bytes(n)} ({int(n):,} bytes)"
+
+
+def byte_unit(largest: float) -> tuple[str, float]:
+    """The binary unit in which `largest` bytes reads with at most four digits: (name, bytes per unit)."""
+    for name, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if largest >= size:
+            return name, size
+    return "B", 1

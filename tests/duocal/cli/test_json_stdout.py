@@ -3,17 +3,20 @@ while the command works (other libraries' logs, progress) goes to stderr."""
 
 import json
 import sys
+from importlib import resources
 
 import pytest
 from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli import app
+from duocal.models.known import DEMO_MODEL_DIR
 from duocal.models.resolve import ModelRef
 
 from helpers import random_profile
 
 runner = CliRunner()
+TEXT = resources.files("duocal") / "assets" / "texts" / "gpl-3.0.txt"
 
 
 @pytest.fixture
@@ -40,6 +43,8 @@ def commands(tmp_path):
         ["profiles", "show", "demo-model", "--json"],
         ["profiles", "compare", "demo-model", str(other), "--json"],
         ["recipes", "list", "--json"],
+        ["tune", str(DEMO_MODEL_DIR), "--data", str(TEXT), "--context", "128", "--samples", "1", "--sparsities", "0.5"]
+        + ["--output", str(tmp_path / "tuned.json"), "--json"],
     ]
 
 
@@ -48,7 +53,7 @@ def test_every_json_command_prints_only_json_on_stdout(noisy_loading, tmp_path):
         result = runner.invoke(app, args)
         assert result.exit_code == 0, (args, result.output)
         json.loads(result.stdout)  # the whole of stdout, nothing before or after
-        if args[0] == "eval":
+        if args[0] in ("eval", "tune"):
             assert "Setting accelerator to CPU" in result.stderr  # moved, not lost
 
 

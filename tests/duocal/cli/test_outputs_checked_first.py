@@ -4,6 +4,7 @@ any work starts, and nothing is made. Outputs it can write reach the work (the s
 the sentinels are the functions the commands really call."""
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from conftest import REPO, UPSTREAM_PATTERNS
 PATTERN = str(UPSTREAM_PATTERNS / "Mistral-7B-Instruct-v0.2")
 DEMO_PROFILE = str(REPO / "profiles" / "demo-model.json")
 SENTINEL = "the work started"
+WRITABLE = str(Path(tempfile.gettempdir()) / "duocal-never-written.json")  # the sentinel stops the command first
 
 # command -> (arguments with {out}, the option named in errors, output kind: file name or "folder")
 COMMANDS = {
@@ -29,6 +31,8 @@ COMMANDS = {
     "calibrate": (["calibrate", "--output", "{out}"], "--output", "folder"),
     "profiles export-upstream": (["profiles", "export-upstream", DEMO_PROFILE, "-o", "{out}"], "--output", "folder"),
     "recipes copy": (["recipes", "copy", "calibrate_demo", "{out}"], "FOLDER", "folder"),
+    "tune": (["tune", "smollm2-135m-instruct", "--output", "{out}"], "--output", "p.json"),
+    "tune --plot": (["tune", "smollm2-135m-instruct", "--output", WRITABLE, "--plot", "{out}"], "--plot", "p.png"),
 }
 
 # case -> (the output, relative to the test's folder, and what is made there first); {name} is the

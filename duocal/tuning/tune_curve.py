@@ -1,0 +1,157 @@
+"""Quality and KV memory per sparsity on the tuning data: the curve `duocal tune` chooses on.
+
+Every sparsity's plan is the profile's own (`dr.plan(profile, sparsity=s)`: its policy and sizes, what
+`duocal serve` deploys) and runs through duocal's per-head cache. Chat data: each prompt is prefilled
+through a fresh cache but its last token, then that token and the expected answer's tokens go in one
+chunk; the loss is their mean cross-entropy, and the greedy answer is the expected one exactly when
+every answer token is the most likely token after those before it (so exact match of greedy
+decoding, for the answer's length, comes from the same pass). Passkey prompts are answered freely
+too (a copy of the prefilled cache decodes greedily): right when the answer is exact and clean as
+`eval passkey --format chat` scores it (its first number is the key, no phrase repeated before it),
+however the model words it. Text: perplexity over windows (eval/perplexity.py); its loss is log(ppl).
+KV memory: the plan's bytes at `context` tokens, batch 1, in the model's dtype.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import duocal_runtime as dr
+from duocal.data.chat_answers import answered_chat
+from duocal.data.chat_prompts import CHAT_DEPTHS, chat_prompts, check_chat_template
+from duocal.eval.chat_passkey import NEW_TOKENS, ChatAnswer
+from duocal.eval.perplexity import PerplexityConfig, plan_ppl, text_windows
+from duocal.eval.protocols import greedy
+from duocal.eval.row_kinds import Progress, refuse_beyond_positions
+
+from .tune_data import PASSKEY_HAYSTACKS, SHORT_ANSWER_TOKENS, TUNE_SEED, TuneData
+from .tune_rule import CurvePoint
+
+
+@dataclass(frozen=True)
+class AnsweredPrompt:
+    prompt: list[int]  # the conversation in the chat template, the assistant's turn opened
+    answer: list[int]  # the expected answer's tokens
+    key: int | None = None  # passkey prompts: scored by the free greedy answer's first number
+
+
+@dataclass(frozen=True)
+class TuneWork:
+    """The tokenized data: answered prompts (chat, passkey) or text windows (text)."""
+
+    prompts: tuple[AnsweredPrompt, ...] = ()
+    windows: tuple[torch.Tensor, ...] = ()
+    scored: int = 0  # text: tokens scored at the end of each window
+    decode: Callable[[list[int]], str] | None = None  # passkey prompts: the free answer's text
+
+    @property
+    def items(self) -> int:
+        return len(self.prompts) or len(self.windows)
+
+
+def tokenized(data: TuneData, tokenizer, model_config, samples: int, context: int) -> TuneWork:
+    """`data` as token ids, refused (before the weights load) when it does not fit the model."""
+    if data.kind == "text":
+        windows = text_windows(tokenizer, data.text, context, samples)
+        refuse_beyond_positions([context], model_config, "give a smaller --context")
+        return TuneWork(windows=tuple(windows), scored=context // 2)
+    check_chat_template(tokenizer)
+    prompts = passkey_prompts(tokenizer, samples, context) if data.kind == "passkey" else chat_rows(data, tokenizer)
+    longest = max(len(p.prompt) + max(len(p.answer), NEW_TOKENS) for p in prompts)
+    refuse_beyond_positions([longest], model_config, "give shorter conversations or a smaller --context")
+    decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
+    return TuneWork(prompts=tuple(prompts), decode=decode)
+
+
+def passkey_prompts(tokenizer, samples: int, context: int) -> list[AnsweredPrompt]:
+    """`samples` chat passkey prompts of at most `context` tokens, alternating between the haystacks."""
+    out = []
+    for i, haystack in enumerate(PASSKEY_HAYSTACKS):
+        count = len(range(i, samples, len(PASSKEY_HAYSTACKS)))
+        for prompt in chat_prompts(tokenizer, context, count, CHAT_DEPTHS, haystack, TUNE_SEED) if count else ():
+            sample = answered_chat(tokenizer, prompt)
+            out.append(AnsweredPrompt(sample.ids[: sample.prompt_end], sample.ids[sample.prompt_end :], prompt.key))
+    return out
+
+
+def chat_rows(data: TuneData, tokenizer) -> list[AnsweredPrompt]:
+    out = []
+    for c in data.conversations:
+        encoded = tokenizer.apply_chat_template(list(c.messages), add_generation_prompt=True, return_dict=True)
+        answer = list(tokenizer(c.answer, add_special_tokens=False)["input_ids"])
+        out.append(AnsweredPrompt(list(encoded["input_ids"]), answer))
+    return out
+
+
+@torch.no_grad()
+def answer_scores(model, cache, item: AnsweredPrompt, work: TuneWork) -> tuple[float, bool]:
+    """(mean nats per answer token, whether the greedy answer is right) through a fresh `cache`."""
+    device = next(model.parameters()).device
+    answer = torch.tensor(item.answer, device=device)
+    model(input_ids=torch.tensor([item.prompt[:-1]], device=device), cache=cache, logits_to_keep=1)
+    free = copy.deepcopy(cache) if item.key is not None else None  # the free answer continues from here
+    fed = torch.tensor([item.prompt[-1:] + item.answer], device=device)
+    predictions = model(input_ids=fed, cache=cache).logits[0, :-1].float()  # [A, V]: each answer token's
+    loss = float(torch.nn.functional.cross_entropy(predictions, answer))
+    if free is None:
+        return loss, bool((predictions.argmax(-1) == answer).all())
+    said = work.decode(list(greedy(model, item.prompt, free, NEW_TOKENS)))
+    answered = ChatAnswer("tune", item.key, said.strip())
+    return loss, answered.exact and answered.clean
+
+
+def point(model, sparsity: float, plan: dr.Plan, work: TuneWork, context: int, tick: Callable[[], None]) -> CurvePoint:
+    """`sparsity`'s quality on `work` through its `plan`, and the plan's KV bytes at `context`."""
+    started = time.perf_counter()
+    dtype = next(model.parameters()).dtype
+    full = dr.uniform_plan(plan.shape, dr.Full()).kv_bytes(context, 1, dtype)
+    kv_bytes = plan.kv_bytes(context, 1, dtype)
+    if work.windows:
+        config = PerplexityConfig(rows=("full",), context=context, text_windows=len(work.windows), scored=work.scored)
+        loss, exact = math.log(plan_ppl(model, plan, work.windows, config, tick)), None
+    else:
+        scores = []
+        with dr.apply(model, plan) as runtime:
+            for item in work.prompts:
+                scores.append(answer_scores(model, runtime.new_cache(), item, work))
+                tick()
+        loss = sum(s[0] for s in scores) / len(scores)
+        short = all(len(p.answer) <= SHORT_ANSWER_TOKENS or p.key is not None for p in work.prompts)
+        exact = sum(s[1] for s in scores) if short else None
+    seconds = round(time.perf_counter() - started, 2)
+    return CurvePoint(sparsity, kv_bytes, kv_bytes / full, loss, exact, work.items, seconds)
+
+
+def measure_curve(
+    model, profile: dr.Profile, work: TuneWork, sparsities: tuple[float, ...], context: int, progress: Progress
+) -> list[CurvePoint]:
+    """Full attention (sparsity 0) and every sparsity of `sparsities`, on the same prompts or windows."""
+    model.eval()
+    wanted = sorted({0.0, *sparsities})
+    total, done = len(wanted) * work.items, 0
+    points = []
+    for sparsity in wanted:
+        what = "full attention" if sparsity == 0 else f"sparsity {sparsity:g}"
+
+        def tick():
+            nonlocal done
+            done += 1
+            progress(done, total, what)
+
+        progress(done, total, what)
+        points.append(point(model, sparsity, dr.plan(profile, sparsity=sparsity), work, context, tick))
+        if hasattr(progress, "row"):
+            progress.row(point_line(points[-1]))
+    return points
+
+
+def point_line(p: CurvePoint) -> str:
+    exact = f", exact {p.exact}/{p.total}" if p.exact is not None else ""
+    return f"sparsity {p.sparsity:g}: loss {p.loss:.4f}{exact}, KV {p.fraction_of_full:.0%} of full ({p.seconds:.0f} s)"

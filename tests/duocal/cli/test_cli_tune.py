@@ -1,0 +1,178 @@
+"""`duocal tune` end to end on a random 2-layer Llama with the demo tokenizer (text data: perplexity):
+the written profile deploys what the rule picks on the measured table, a flat curve deploys the highest
+sparsity, `dr.plan` and `profiles show` read the choice, and bad input is refused before the weights load."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import duocal_runtime as dr
+from duocal.cli.app import app
+from duocal.models import resolve
+from duocal.tuning import tune_curve
+from duocal.tuning.tune_rule import CurvePoint, Rule, choose
+
+from conftest import REPO
+from helpers import random_profile
+
+TEXT = "the quick brown fox jumps over the lazy dog. " * 12  # one token per character: 540 tokens
+
+
+@pytest.fixture
+def inputs(tmp_path, tiny_llama_folder):
+    """(model folder, profile path, text path): a profile of the tiny model with a narrow sink window."""
+    profile = random_profile(layers=2, kv_heads=2, heads=4, head_dim=8, seed=3)
+    profile = profile.with_deploy(dr.SinkWindow(sink=2, recent=6))
+    path = dr.save_profile(profile, tmp_path / "in.json")
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    return str(tiny_llama_folder), path, text
+
+
+def tune(*args):
+    return CliRunner().invoke(app, ["tune", *map(str, args)])
+
+
+def tune_on_text(inputs, samples, sparsities, *more):
+    """`duocal tune` on the tiny model, its profile and the text in windows of 64 tokens."""
+    model, profile, text = inputs
+    return tune(
+        model,
+        "--profile",
+        profile,
+        "--data",
+        text,
+        "--context",
+        64,
+        "--samples",
+        samples,
+        "--sparsities",
+        sparsities,
+        *more,
+    )
+
+
+def test_the_written_profile_deploys_what_the_rule_picks_on_the_measured_table(inputs, tmp_path):
+    model, profile, text = inputs
+    before = profile.read_bytes()
+    out = tmp_path / "tuned.json"
+    result = tune_on_text(
+        inputs,
+        3,
+        "0.25,0.5,0.75",
+        "--tolerance",
+        0.02,
+        "--output",
+        out,
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    tuned = dr.load_profile(out)
+    assert tuned.source["tuned"] == record
+    points = [CurvePoint.from_dict(p) for p in record["table"]]
+    assert [p.sparsity for p in points] == [0.0, 0.25, 0.5, 0.75] and all(p.total == 3 for p in points)
+    rule = Rule(record["rule"]["tolerance_nats"], record["rule"]["max_miss"])
+    assert tuned.deploy.sparsity == record["chosen_sparsity"] == choose(points, rule)
+    assert dr.plan(tuned).sparsity == pytest.approx(choose(points, rule))
+    assert [p.kv_bytes for p in points] == sorted((p.kv_bytes for p in points), reverse=True)
+    assert profile.read_bytes() == before  # the input profile is never rewritten
+    assert tuned.scores == dr.load_profile(profile).scores and tuned.source["kind"] == "test"
+
+
+def test_the_choice_follows_the_table_not_the_input_profile(inputs, tmp_path, monkeypatch):
+    """A measured table whose rule pick (0.5) is neither the input's deploy sparsity nor the highest measured."""
+    model, profile, text = inputs
+    table = [(0.0, 2.0), (0.25, 2.01), (0.5, 2.04), (0.75, 2.3)]
+
+    def measured(model, profile, work, sparsities, context, progress):
+        return [CurvePoint(s, 100 - int(60 * s), 1 - 0.6 * s, loss, None, work.items) for s, loss in table]
+
+    monkeypatch.setattr(tune_curve, "measure_curve", measured)
+    dr.save_profile(dr.load_profile(profile).with_deploy(sparsity=0.75), profile)
+    out, plot = tmp_path / "tuned.json", tmp_path / "curve.png"
+    result = tune_on_text(
+        inputs,
+        2,
+        "0.25,0.5,0.75",
+        "--output",
+        out,
+        "--plot",
+        plot,
+    )
+    assert result.exit_code == 0, result.output
+    assert dr.load_profile(out).deploy.sparsity == 0.5
+    assert "chosen" in result.stdout and "0.0400" in result.stdout.replace("+0.0400", "0.0400")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    shown = CliRunner().invoke(app, ["profiles", "show", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert "deploy sparsity 0.5 chosen by duocal tune" in shown.stdout and "text.txt" in shown.stdout
+    assert (
+        json.loads(CliRunner().invoke(app, ["profiles", "show", str(out), "--json"]).stdout)["tuned"]["chosen_sparsity"]
+        == 0.5
+    )
+
+
+def test_a_flat_curve_deploys_the_highest_sparsity(inputs, tmp_path):
+    """Windows of 64 tokens and a sink window that holds 1000: every plan keeps every token, so every
+    sparsity's perplexity is full attention's and the highest measured sparsity must be chosen."""
+    model, profile, text = inputs
+    dr.save_profile(dr.load_profile(profile).with_deploy(dr.SinkWindow(sink=4, recent=1000)), profile)
+    out = tmp_path / "tuned.json"
+    result = tune_on_text(
+        inputs,
+        2,
+        "0.5,0.25,0.75",
+        "--tolerance",
+        0,
+        "--output",
+        out,
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    losses = {p["sparsity"]: p["loss"] for p in json.loads(result.stdout)["table"]}
+    assert len(set(losses.values())) == 1, losses
+    assert dr.load_profile(out).deploy.sparsity == 0.75
+
+
+OTHER_MODELS_PROFILE = REPO / "profiles" / "smollm2-135m-instruct.json"
+BAD = {
+    "data not JSONL": (["--data", "{tmp}/bad.jsonl"], "line 1 is not JSON"),
+    "data empty": (["--data", "{tmp}/empty.jsonl"], "is empty"),
+    "answer missing": (["--data", "{tmp}/noanswer.jsonl"], "line 2 has no answer"),
+    "sparsity above 1": (["--sparsities", "0.5,1.5"], "--sparsities must be in [0, 1]"),
+    "sparsity below 0": (["--sparsities", "-0.25"], "--sparsities must be in [0, 1]"),
+    "sparsities not numbers": (["--sparsities", "half"], "cannot read --sparsities"),
+    "profile of another model": (["--profile", str(OTHER_MODELS_PROFILE)], "profile is for 30 layers x 3 KV heads"),
+    "output is a folder": (["--output", "{tmp}"], "is a folder"),
+    "output in a file": (["--output", "{tmp}/empty.jsonl/x.json"], "not a folder"),
+    "plot suffix": (["--plot", "{tmp}/curve.txt"], "give a file name ending in .png"),
+    "negative tolerance": (["--tolerance", "-1"], "--tolerance"),
+    "text shorter than a window": (["--data", "{tmp}/short.txt", "--context", "512"], "fewer than one window"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_refused_before_the_weights_load(case, inputs, tmp_path, monkeypatch):
+    def never(self):
+        raise AssertionError("the weights were loaded before the arguments were checked")
+
+    monkeypatch.setattr(resolve.ModelRef, "load_model", never)
+    model, profile, _ = inputs
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "hi", "answer": "yo"\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "noanswer.jsonl").write_text('{"prompt": "hi", "answer": "yo"}\n{"prompt": "hi"}\n')
+    (tmp_path / "short.txt").write_text("too short. ")
+    args, message = BAD[case]
+    base = {"--profile": str(profile), "--output": str(tmp_path / "out.json")}
+    given = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    for option, value in base.items():
+        if option not in given:
+            given += [option, value]
+    before = profile.read_bytes()
+    result = tune(model, *given)
+    assert not isinstance(result.exception, AssertionError), result.exception
+    assert result.exit_code == 1, result.output
+    assert "error: " in result.output and message in result.output, result.output
+    assert not (tmp_path / "out.json").exists() and profile.read_bytes() == before

@@ -1,0 +1,75 @@
+"""The curve's measurements are what they claim: the answer loss through duocal's cache is the model's own
+teacher-forced loss (full attention), exact match is whether greedy decoding gives the answer, the free
+answer of a passkey prompt does not disturb the loss, and a window that holds the whole prompt is full attention."""
+
+import functools
+
+import pytest
+import torch
+
+import duocal_runtime as dr
+from duocal.demo.tokenizer import build_tokenizer
+from duocal.tuning.tune_curve import AnsweredPrompt, TuneWork, answer_scores, measure_curve
+
+from helpers import random_profile
+
+PROMPT = list(range(5, 45))
+ANSWER = [7, 9, 11, 13]
+
+
+def scores(model, plan, item, work=None):
+    with dr.apply(model, plan) as runtime:
+        return answer_scores(model, runtime.new_cache(), item, work or TuneWork(prompts=(item,)))
+
+
+def full_plan(model):
+    return dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())
+
+
+def test_the_answer_loss_is_the_models_own_teacher_forced_loss(tiny_llama):
+    item = AnsweredPrompt(PROMPT, ANSWER)
+    loss, _ = scores(tiny_llama, full_plan(tiny_llama), item)
+    with torch.no_grad():
+        logits = tiny_llama(input_ids=torch.tensor([PROMPT + ANSWER])).logits[0]
+    expected = torch.nn.functional.cross_entropy(logits[len(PROMPT) - 1 : -1], torch.tensor(ANSWER))
+    assert loss == pytest.approx(float(expected), abs=1e-5)
+
+
+def test_exact_match_is_whether_greedy_decoding_gives_the_answer(tiny_llama):
+    with torch.no_grad():
+        out = tiny_llama.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=4, do_sample=False)
+    own = out[0, len(PROMPT) :].tolist()
+    assert scores(tiny_llama, full_plan(tiny_llama), AnsweredPrompt(PROMPT, own))[1] is True
+    wrong = own[:-1] + [(own[-1] + 1) % tiny_llama.config.vocab_size]
+    assert scores(tiny_llama, full_plan(tiny_llama), AnsweredPrompt(PROMPT, wrong))[1] is False
+
+
+def test_a_passkey_prompts_free_answer_leaves_its_loss_alone(tiny_llama):
+    plan = dr.plan(random_profile_for(tiny_llama), sparsity=0.5)
+    tokenizer = build_tokenizer()
+    work = TuneWork(decode=functools.partial(tokenizer.decode, skip_special_tokens=True))
+    plain, _ = scores(tiny_llama, plan, AnsweredPrompt(PROMPT, ANSWER))
+    keyed, right = scores(tiny_llama, plan, AnsweredPrompt(PROMPT, ANSWER, key=12345), work)
+    assert keyed == pytest.approx(plain, abs=1e-6) and right is False  # random weights never say 12345
+
+
+def random_profile_for(model, sink=2, recent=4):
+    shape = dr.shape_of_config(model.config)
+    profile = random_profile(
+        shape.num_hidden_layers, shape.num_key_value_heads, shape.num_attention_heads, shape.head_dim
+    )
+    return profile.with_deploy(dr.SinkWindow(sink=sink, recent=recent))
+
+
+def test_the_curve_is_flat_when_the_window_holds_the_prompt_and_falls_in_kv_bytes(tiny_llama):
+    items = (AnsweredPrompt(PROMPT, ANSWER), AnsweredPrompt(PROMPT[:30], ANSWER[:2]))
+    wide = random_profile_for(tiny_llama, sink=4, recent=200)
+    points = measure_curve(tiny_llama, wide, TuneWork(prompts=items), (0.5, 0.25, 1.0), 512, lambda *a: None)
+    assert [p.sparsity for p in points] == [0.0, 0.25, 0.5, 1.0]
+    assert len({round(p.loss, 6) for p in points}) == 1 and len({p.exact for p in points}) == 1
+    assert [p.kv_bytes for p in points] == sorted((p.kv_bytes for p in points), reverse=True)
+    assert points[0].fraction_of_full == 1.0 and points[-1].fraction_of_full == pytest.approx(204 / 512)
+    narrow = measure_curve(
+        tiny_llama, random_profile_for(tiny_llama), TuneWork(prompts=items), (1.0,), 512, lambda *a: None
+    )
+    assert narrow[1].loss != pytest.approx(narrow[0].loss)

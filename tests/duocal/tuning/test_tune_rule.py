@@ -1,0 +1,69 @@
+"""The rule `duocal tune` chooses by, on hand-made curves: the largest sparsity within the tolerance of full
+attention (loss and exact match), never past a break, the highest one on a flat curve, 0 when none passes."""
+
+import math
+
+import pytest
+
+from duocal.tuning.tune_rule import CurvePoint, Rule, choose
+
+
+def curve(*rows, total=16):
+    """(sparsity, loss, exact) rows -> points (KV bytes fall as sparsity rises)."""
+    return [CurvePoint(s, int(1000 * (1 - s / 2)), 1 - s / 2, loss, exact, total) for s, loss, exact in rows]
+
+
+def test_the_largest_sparsity_within_both_tolerances_is_chosen():
+    points = curve(
+        (0.0, 0.20, 14), (0.25, 0.21, 14), (0.5, 0.24, 12), (0.625, 0.26, 12), (0.75, 0.30, 11), (0.875, 0.9, 3)
+    )
+    assert choose(points, Rule(tolerance=0.05, max_miss=0.125)) == 0.5  # 0.625: +0.06 nats
+    assert choose(points, Rule(tolerance=0.07, max_miss=0.125)) == 0.625  # 0.75: 3 more misses than full's 2 allowed
+    assert choose(points, Rule(tolerance=0.1, max_miss=0.1875)) == 0.75
+
+
+def test_a_flat_curve_chooses_the_highest_sparsity():
+    points = curve(*[(s, 0.3, 10) for s in (0.0, 0.25, 0.5, 0.625, 0.75, 0.875)])
+    assert choose(points, Rule()) == 0.875
+    assert choose(list(reversed(points)), Rule(tolerance=0.0, max_miss=0.0)) == 0.875
+
+
+def test_a_curve_that_breaks_and_recovers_is_not_chosen_past_the_break():
+    points = curve((0.0, 0.2, 8), (0.25, 0.2, 8), (0.5, 0.5, 8), (0.75, 0.2, 8))
+    assert choose(points, Rule()) == 0.25
+
+
+def test_no_passing_sparsity_deploys_full_attention():
+    points = curve((0.0, 0.2, 16), (0.5, 0.8, 4), (0.75, 1.2, 1))
+    assert choose(points, Rule()) == 0.0
+
+
+def test_exact_match_counts_misses_beyond_full_attentions():
+    rule = Rule(tolerance=1.0, max_miss=0.125)
+    assert rule.allowed_misses(16) == 2 and rule.allowed_misses(8) == 1 and rule.allowed_misses(7) == 0
+    assert choose(curve((0.0, 0.2, 10), (0.5, 0.2, 8), (0.75, 0.2, 7)), rule) == 0.5
+
+
+def test_text_curves_without_exact_match_are_chosen_by_loss_alone():
+    points = curve((0.0, 2.0, None), (0.5, 2.04, None), (0.75, 2.06, None))
+    assert choose(points, Rule(tolerance=0.05)) == 0.5
+
+
+def test_a_nan_loss_never_passes_and_is_stored_as_null():
+    points = curve((0.0, 0.2, 8), (0.5, math.nan, 8))
+    assert choose(points, Rule()) == 0.0
+    assert points[1].to_dict()["loss"] is None and math.isnan(CurvePoint.from_dict(points[1].to_dict()).loss)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"tolerance": -0.1}, "--tolerance"), ({"tolerance": math.inf}, "--tolerance"), ({"max_miss": 1.5}, "--max-miss")],
+)
+def test_bad_rule_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Rule(**kwargs)
+
+
+def test_a_curve_without_full_attention_is_refused():
+    with pytest.raises(ValueError, match="full-attention point"):
+        choose(curve((0.5, 0.2, 8)), Rule())
