@@ -23,20 +23,17 @@ from types import SimpleNamespace
 
 from duocal_runtime.planning.sizes import GiB
 
+from .vllm_args import check_vllm_args, option_value, tensor_parallel_size
+
 VLLM_MISSING = (
     "vLLM is not installed in this environment ({python}): run `make vllm`, then "
     "`.venv-vllm/bin/duocal serve MODEL --engine vllm ...`"
 )
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-OWN_OPTIONS = {  # vLLM options duocal sets itself: passing them after `--` is refused, naming ours
-    "--model": "MODEL",
-    "--served-model-name": "MODEL (the name you give is the model id)",
-    "--hf-overrides": "--profile / --sparsity / --budget",
-    "--host": "--host",
-    "--port": "--port",
-}
 CHUNK_CAP_OPTION = "--long-prefill-token-threshold"
 VLLM_CPU_BLOCK_SIZE = 128  # vLLM-CPU's default block size
+KV_BYTES_OPTION = "--kv-cache-memory-bytes"
+KV_SPACE_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,8 @@ def require_vllm() -> None:
 
 
 def kv_space_gib(kv_memory: str) -> int:
-    """'2GiB' -> 2: vLLM-CPU takes its KV space in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    """'2GiB' -> 2: vLLM-CPU takes its KV space in whole GiB (VLLM_CPU_KVCACHE_SPACE), at most this machine's memory
+    (vLLM-CPU would refuse more only once the model has loaded)."""
     from duocal_runtime.planning.budget import Budget
 
     try:
@@ -88,28 +86,56 @@ def kv_space_gib(kv_memory: str) -> int:
             f"--kv-memory {kv_memory!r}: vLLM-CPU takes its KV space in whole GiB (VLLM_CPU_KVCACHE_SPACE): give "
             "e.g. --kv-memory 2GiB, or pass vLLM's own `-- --kv-cache-memory-bytes N`"
         )
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if size.amount > total:
+        raise ValueError(f"--kv-memory {kv_memory}: more than this machine's memory ({total / GiB:.1f} GiB): give less")
     return int(size.amount // GiB)
 
 
-def check_vllm_args(args: tuple[str, ...]) -> None:
-    for arg in args:
-        name = arg.split("=", 1)[0]
-        if name in OWN_OPTIONS:
-            raise ValueError(f"{name} after `--` is duocal's to set: use {OWN_OPTIONS[name]} instead")
+def check_one_kv_size(settings: VllmServe) -> None:
+    """Refuse `-- --kv-cache-memory-bytes` beside --kv-memory or VLLM_CPU_KVCACHE_SPACE: vLLM-CPU would take the
+    environment's size and drop the option's without a word."""
+    if option_value(settings.vllm_args, KV_BYTES_OPTION) is None:
+        return
+    if settings.kv_memory is not None:
+        raise ValueError(f"give --kv-memory or `-- {KV_BYTES_OPTION}`, not both")
+    if os.environ.get(KV_SPACE_VARIABLE):
+        raise ValueError(
+            f"{KV_SPACE_VARIABLE} is set in this environment, and vLLM-CPU takes it over `-- {KV_BYTES_OPTION}`: "
+            f"unset it, or give --kv-memory instead"
+        )
 
 
 def model_config(folder: Path) -> SimpleNamespace:
     """config.json of a model folder, read without transformers (vLLM's environment pins its own)."""
     from duocal_vllm.head_plan import SUPPORTED_ARCHITECTURES
 
-    data = json.loads((folder / "config.json").read_text())
+    path = folder / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a JSON model config ({err}): is {folder} a transformers model?") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON model config (a JSON object): is {folder} a transformers model?")
     found = data.get("architectures") or []
+    if not isinstance(found, list):
+        raise ValueError(f'{path}: architectures must be a list of class names, e.g. ["LlamaForCausalLM"]')
     if len(found) != 1 or found[0] not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
-            f"{folder} is a {', '.join(found) or 'model without architectures'}: duocal on vLLM runs "
+            f"{folder} is a {', '.join(map(str, found)) or 'model without architectures'}: duocal on vLLM runs "
             f"{', '.join(SUPPORTED_ARCHITECTURES)} models (serve others with --engine transformers)"
         )
     return SimpleNamespace(_name_or_path=str(folder), **data)
+
+
+def check_one_pipeline_stage(table: list, vllm_args: tuple[str, ...]) -> None:
+    """Refuse pipeline parallelism for a plan with streaming heads (the plugin would, once vLLM has started)."""
+    stages = option_value(vllm_args, "--pipeline-parallel-size") or option_value(vllm_args, "-pp") or "1"
+    if stages != "1" and any(not spec.is_full for row in table for spec in row):
+        raise ValueError(
+            f"--pipeline-parallel-size {stages}: duocal on vLLM runs a plan with streaming heads on one pipeline "
+            "stage: leave --pipeline-parallel-size at 1 (--tensor-parallel-size splits the model instead)"
+        )
 
 
 def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -> tuple[dict, list]:
@@ -131,14 +157,6 @@ def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -
     return overrides, table
 
 
-def tensor_parallel_size(vllm_args: tuple[str, ...]) -> int:
-    """vLLM's ``--tensor-parallel-size`` / ``-tp`` among the arguments after `--` (1 when not given)."""
-    value = option_value(vllm_args, "--tensor-parallel-size") or option_value(vllm_args, "-tp") or "1"
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"--tensor-parallel-size {value!r}: give a whole number of ranks, e.g. 2")
-    return int(value)
-
-
 def chunk_cap_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
     """`--long-prefill-token-threshold WINDOW` for a plan with streaming heads, unless given after `--`: each
     request then has at most one window of prompt in flight, so vLLM reserves a streaming head sink + 2 windows
@@ -149,16 +167,6 @@ def chunk_cap_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
     length = option_value(vllm_args, "--max-model-len")  # vLLM refuses a threshold above it
     cap = min(max(windows), int(length)) if length and length.isdigit() else max(windows)
     return [CHUNK_CAP_OPTION, str(cap)]
-
-
-def option_value(args: tuple[str, ...], name: str) -> str | None:
-    """The value of `name` in `args` (``NAME VALUE`` or ``NAME=VALUE``), else None."""
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def block_size_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
@@ -175,18 +183,28 @@ def block_size_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
 def vllm_launch(settings: VllmServe) -> Launch:
     """Check everything, then the vLLM server's command line for `settings`."""
     from duocal.models import ModelRef
+    from duocal_runtime.planning.budget import Budget
 
     require_vllm()
     if settings.sparsity is not None and settings.budget is not None:
         raise ValueError("give --sparsity or --budget, not both")
     check_vllm_args(settings.vllm_args)
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib(settings.kv_memory))} if settings.kv_memory else {}
+    check_one_kv_size(settings)
+    env = {} if settings.kv_memory is None else {KV_SPACE_VARIABLE: str(kv_space_gib(settings.kv_memory))}
+    if settings.budget is not None:
+        Budget.parse(settings.budget)  # an unreadable budget is named as such, not as the profile's
     ref = ModelRef.resolve(settings.model)
+    if not Path(ref.path).is_dir():
+        raise ValueError(
+            f"{settings.model}: --engine vllm serves a model folder or a known name (its plan is made from the "
+            "folder's config.json before vLLM starts); download the model into a folder and give that"
+        )
     profile = settings.profile or ref.default_profile
     if profile is None:
         raise ValueError(f"no profile for {ref.arg}: pass --profile (a file or prebuilt name, duocal profiles list)")
     config = model_config(Path(ref.path))
     overrides, table = plan_overrides(settings, config, profile)
+    check_one_pipeline_stage(table, settings.vllm_args)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", ref.path, "--served-model-name", settings.model,
             "--host", settings.host, "--port", str(settings.port), "--hf-overrides", json.dumps(overrides),
             *chunk_cap_args(table, settings.vllm_args), *block_size_args(table, settings.vllm_args),
