@@ -11,7 +11,7 @@ import duocal_runtime as dr
 from duocal.cli import app
 from duocal.models.resolve import ModelRef
 
-from helpers import random_profile
+from helpers.profiles import random_profile
 
 runner = CliRunner()
 
