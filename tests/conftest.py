@@ -1,14 +1,16 @@
+"""The suite's fixtures, one owner each (shared builders and clients: tests/helpers/)."""
+
 import os
 from pathlib import Path
 
 import pytest
 
+from helpers.paths import UPSTREAM_PATTERNS
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data"  # copies of reference data, with their sources: tests/data/README.md
-UPSTREAM_PATTERNS = DATA / "upstream-duo-attention"
-GOLDEN_H2O = DATA / "golden-h2o"
+SMOLLM2 = "smollm2-135m-instruct"  # the real model of the suite, fetched once into the duocal cache
+MAX_REQUEST_SIZE = 64 * 1024  # the demo server's body limit (test_serve_reliability.py sends bodies over it)
 
 
 def _torch_threads():
@@ -25,18 +27,19 @@ def upstream_patterns() -> Path:
     return UPSTREAM_PATTERNS
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tiny_llama():
-    """A random 2-layer Llama in memory (runtime_models.tiny_model), one per test module."""
-    from runtime_models import tiny_model
+    """A random 2-layer Llama in memory (helpers.models.tiny_model("llama")), a fresh one per test: tests apply
+    plans and runtimes to it."""
+    from helpers.models import tiny_model
 
     return tiny_model("llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_folder(tmp_path_factory) -> Path:
-    """A random 2-layer Llama with the demo tokenizer, saved to a folder (runtime_models.save_tiny_model)."""
-    from runtime_models import save_tiny_model
+    """A random 2-layer Llama with the demo tokenizer, saved to a folder (helpers.models.save_tiny_model)."""
+    from helpers.models import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-llama") / "model")
 
@@ -48,3 +51,32 @@ def demo_model():
 
     ref = ModelRef.resolve(None)
     return ref.load_model(), ref.load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer (the model fetched once by name)."""
+    from duocal.models import fetch_model, load_tokenizer
+
+    return load_tokenizer(fetch_model(SMOLLM2))
+
+
+@pytest.fixture(scope="session")
+def demo_server():
+    """`duocal serve` of the demo model and its shipped profile in this process (so a test sees the pool):
+    (ServedModel, base URL), one for the whole suite: tests read counters as differences and wait for the
+    pool to be whole. 128 pages of 16 tokens at sparsity 0.5, a 64 kB body limit."""
+    from helpers.serving import running_server
+
+    with running_server(max_request_size=MAX_REQUEST_SIZE) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def smollm2_server():
+    """`duocal serve` of SmolLM2-135M-Instruct (it has a chat template, so the chat routes generate) and its
+    shipped profile, in this process: (ServedModel, base URL), one for the whole suite."""
+    from helpers.serving import running_server
+
+    with running_server(model=SMOLLM2) as running:
+        yield running

@@ -265,7 +265,8 @@ def test_no_module_imports_a_room_of_its_own_layer_or_a_higher_one():
 # tests/runtime/<room>/ and tests/duocal/<room>/ hold the tests of runtime/<room>/ and duocal/<room>/; a test
 # file directly in tests/runtime/ or tests/duocal/ tests that package's top modules (checks.py, errors.py...).
 TEST_MIRRORS = {"runtime": REPO / "runtime", "duocal": REPO / "duocal"}
-TEST_FOLDERS = {*TEST_MIRRORS, "vllm", "data"}  # vllm: the plugin's tests, run in .venv-vllm; data: reference files
+# vllm: the plugin's tests, run in .venv-vllm; data: reference files; helpers: the builders the tests share
+TEST_FOLDERS = {*TEST_MIRRORS, "vllm", "data", "helpers"}
 PROJECT_WIDE_TESTS = {"test_architecture.py", "test_docs.py", "test_packaging.py", "test_real_model.py"}
 
 
@@ -299,6 +300,25 @@ def test_test_file_names_are_unique():
             continue  # collected only by `make vllm-test`, in its own run
         assert path.name not in seen, f"{path.relative_to(REPO)} and {seen[path.name].relative_to(REPO)} share a name"
         seen[path.name] = path
+
+
+def test_each_fixture_has_one_owner_and_no_test_imports_a_conftest():
+    """A fixture is defined once in the tests (vllm's included); shared code comes from tests/helpers/, never
+    `from conftest import` (each folder's conftest.py is a module named `conftest`: the import finds whichever
+    pytest loaded last)."""
+    owners: dict[str, list[str]] = {}
+    imports = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        tree, where = ast.parse(path.read_text()), str(path.relative_to(REPO))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and any(
+                ast.unparse(d).startswith("pytest.fixture") for d in node.decorator_list
+            ):
+                owners.setdefault(node.name, []).append(where)
+            if isinstance(node, ast.ImportFrom) and node.module == "conftest" and path.name != "conftest.py":
+                imports.append(where)
+    assert not {name: paths for name, paths in owners.items() if len(paths) > 1}
+    assert not imports, f"import these from tests/helpers/ instead of conftest: {imports}"
 
 
 # One word per idea (docs/contributing/glossary.md): spellings the glossary retired, as identifiers

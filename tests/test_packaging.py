@@ -9,7 +9,7 @@ import pytest
 import tomllib
 import yaml
 
-from conftest import REPO
+from helpers.paths import REPO
 
 # accelerate is not listed: transformers itself imports it when it is installed.
 FORBIDDEN = ("deepspeed", "datasets", "duocal", "typer", "matplotlib", "rich")

@@ -14,19 +14,18 @@ import torch
 
 import duocal_runtime as dr
 from duocal.eval import PasskeyEvalConfig, PerplexityConfig, evaluate_passkey, evaluate_perplexity
-from duocal.models import KNOWN_MODELS, fetch_model, load_model, load_tokenizer
+from duocal.models import KNOWN_MODELS, fetch_model, load_model
 
 NAME = "smollm2-135m-instruct"
 TEXT = resources.files("duocal") / "assets" / "texts" / "gpl-3.0.txt"
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(smollm2_tokenizer):
     torch.set_num_threads(2)  # a 135M model at 2k tokens gains from both cores
-    folder = fetch_model(NAME)
     yield (
-        load_model(folder),
-        load_tokenizer(folder),
+        load_model(fetch_model(NAME)),
+        smollm2_tokenizer,
         dr.load_profile(str(resources.files("duocal_runtime.prebuilt") / KNOWN_MODELS[NAME].profile)),
     )
     torch.set_num_threads(1)
@@ -118,7 +117,7 @@ def full_chat_answers(smollm2):
 QUICK_START_PROFILE = Path(__file__).parent / "data" / "quick-start" / f"{NAME}.json"
 
 
-def test_the_stored_quick_start_profile_is_what_the_command_makes_today():
+def test_the_stored_quick_start_profile_is_what_the_command_makes_today(smollm2_tokenizer):
     """The stored profile (tests/data/README.md) was made by README's `duocal profile` line; its settings must
     still be that command's defaults, or the chat test below checks a profile users no longer get."""
     import inspect
@@ -129,7 +128,7 @@ def test_the_stored_quick_start_profile_is_what_the_command_makes_today():
 
     ref = ModelRef.resolve(NAME)
     option = {name: p.default for name, p in inspect.signature(profiler_command).parameters.items()}
-    chosen = default_format(ref, load_tokenizer(fetch_model(NAME)), option["data"])
+    chosen = default_format(ref, smollm2_tokenizer, option["data"])
     config = ProfilerConfig(format=chosen, haystack="repeated", score=option["score"])
     source = json.loads(QUICK_START_PROFILE.read_text())["source"]
     assert {k: source[k] for k in ("score", "format", "data", "samples", "contexts", "seed")} == {

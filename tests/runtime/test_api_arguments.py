@@ -7,8 +7,8 @@ import torch
 
 import duocal_runtime as dr
 
-from helpers import random_profile
-from runtime_models import tiny_model
+from helpers.models import tiny_model
+from helpers.profiles import random_profile
 
 
 @pytest.mark.parametrize(
@@ -35,8 +35,8 @@ def test_bad_arguments_name_themselves(call, error, message):
         call(random_profile())
 
 
-def test_apply_refuses_a_profile_or_a_non_model():
-    model = tiny_model("llama")
+def test_apply_refuses_a_profile_or_a_non_model(tiny_llama):
+    model = tiny_llama
     profile = random_profile(layers=2, kv_heads=2, heads=4, head_dim=16)
     with pytest.raises(TypeError, match=r"plan must be a Plan \(make one with dr.plan"):
         dr.apply(model, profile)
@@ -44,12 +44,12 @@ def test_apply_refuses_a_profile_or_a_non_model():
         dr.apply("gpt2", dr.plan(profile, sparsity=0.5))
 
 
-def test_a_mask_over_only_the_new_tokens_is_refused():
+def test_a_mask_over_only_the_new_tokens_is_refused(tiny_llama):
     import torch
 
-    from runtime_models import left_padded_batch
+    from helpers.models import left_padded_batch
 
-    model = tiny_model("llama")
+    model = tiny_llama
     ids, _ = left_padded_batch([12])
     with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())) as runtime:
         cache = runtime.new_cache()
@@ -60,7 +60,7 @@ def test_a_mask_over_only_the_new_tokens_is_refused():
 
 # --- issue: misleading messages of the runtime API ------------------------------------------
 def _tiny():
-    from runtime_models import left_padded_batch, tiny_model
+    from helpers.models import left_padded_batch
 
     model = tiny_model("llama")
     return model, dr.Plan(dr.shape_of_config(model.config), [[dr.SinkWindow(2, 6), dr.Full()]] * 2), left_padded_batch

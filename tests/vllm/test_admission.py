@@ -1,22 +1,29 @@
 """What vLLM reserves for a request under a duocal plan: the per-request chunk cap that `duocal serve --engine
 vllm` sets, the sink + window spec's admission with it, and the refusal of a KV space too small for a request
 alone in the engine. vLLM's own capacity arithmetic (`get_kv_cache_configs`, `get_kv_cache_capacity`) on the
-specs the plugin's model reports; no engine starts here (tests/vllm/test_serve_vllm.py reads the same figure
-from a running server's log)."""
+specs the model reports (`DuoLlamaForCausalLM`, or vLLM's own Llama when all heads are full, built on the meta
+device); no engine starts here (tests/vllm/test_serve_vllm.py reads the same figure from a running server's log)."""
+
+import socket
 
 import pytest
 import torch
+from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
+from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.model_executor.model_loader.utils import initialize_model
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, get_kv_cache_configs
-from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.worker.utils import customize_attention_spec
 
 from duocal.serving.vllm_launch import VllmServe, vllm_launch
 from duocal_vllm.group_fit import fitted_streaming_count, group_slots, vllm_head_table
 from duocal_vllm.head_plan import DuoVllmError
-from duocal_vllm.sink_window_spec import SinkWindowSpec, check_lone_request_fits, request_in_flight_tokens
+from duocal_vllm.sink_window_spec import check_lone_request_fits
 
-from conftest import duo_overrides
+from helpers.vllm_engines import duo_overrides
 
 NAME = "smollm2-135m-instruct"
 GiB = 2**30
@@ -44,19 +51,35 @@ def engine_config(model_folder, sparsity: float, threshold: int, **engine):
     return vllm_config
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_rank(model_folder):
+    """vLLM's distributed state for one rank in this process, which a model builds its layers against."""
+    with set_current_vllm_config(engine_config(model_folder, 0, threshold=0)):
+        init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{free_port()}",
+                                     local_rank=0, backend="gloo")  # fmt: skip
+        ensure_model_parallel_initialized(1, 1)
+    yield
+    cleanup_dist_env_and_memory()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def layer_specs(vllm_config) -> dict:
-    """The KV cache spec of every per-head attention module, as `DuoLlamaForCausalLM` reports them."""
-    config, block = vllm_config.model_config.hf_config, vllm_config.cache_config.block_size
-    common = dict(block_size=block, num_kv_heads=1, head_size=64, dtype=torch.float32)
-    in_flight = request_in_flight_tokens(vllm_config)
-    specs = {}
-    for layer, row in enumerate(vllm_head_table(config, vllm_config)):
-        for spec in row:
-            name = f"model.layers.{layer}.self_attn.attn_kv_{'abc'[spec.kv_head]}"
-            specs[name] = FullAttentionSpec(**common) if spec.is_full else SinkWindowSpec(
-                **common, sliding_window=spec.recent, sink=spec.sink,
-                request_in_flight_tokens=in_flight)  # fmt: skip
-    return specs
+    """The KV cache spec of every layer that holds a cache, as the model vLLM builds for `vllm_config` reports
+    them (vLLM's model runner asks the same): `DuoLlamaForCausalLM`'s one-head cache layers under a plan,
+    vLLM's own attention layers when all heads are full. Built on the meta device: no weights, no memory."""
+    with set_current_vllm_config(vllm_config), torch.device("meta"):
+        initialize_model(vllm_config=vllm_config)
+    layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase)
+    return {
+        name: customize_attention_spec(layer.get_attn_backend(), layer.get_kv_cache_spec(vllm_config))
+        for name, layer in layers.items()
+        if not layer.kv_sharing_target_layer_name  # a call over heads whose caches are its heads' cache layers
+    }
 
 
 def capacity_tokens(vllm_config, space: int = GiB) -> int:

@@ -14,7 +14,7 @@ import duocal_runtime as dr
 from duocal_vllm.cache_layout import SPARE, CacheLayout, cache_layout, group_size, whole_packing
 from duocal_vllm.sink_window_spec import SinkWindowSpec
 
-from conftest import PROFILE, REPO
+from helpers.vllm_engines import PROFILE, REPO
 
 UPSTREAM = REPO / "tests" / "data" / "upstream-duo-attention"
 PROFILES = {"smollm2": PROFILE, "llama-3.1-8b": UPSTREAM / "Meta-Llama-3.1-8B-Instruct",

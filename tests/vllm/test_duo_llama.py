@@ -4,7 +4,7 @@ duocal's own runtime tokens (data/reference_tokens.json), and a profile of anoth
 is refused with a message that says why; the shipped profile at 0.75 makes at most two attention kernel calls per
 layer and step (stock vLLM: one). The shipped profile at 0.5 (a mixed plan): test_serve_vllm.py."""
 
-from conftest import kv_cache_tokens
+from helpers.vllm_engines import kv_cache_tokens
 
 
 def test_an_all_full_plan_gives_stock_vllm_tokens_and_kv_size(offline, reference):

@@ -18,7 +18,7 @@ import pytest
 
 from duocal_vllm.cache_layout import cache_layout
 
-from conftest import HERE, REPO, kv_cache_tokens, run_engines
+from helpers.vllm_engines import HERE, REPO, kv_cache_tokens, run_engines
 
 COMPILED = {"qwen2"}
 DUO = {"llama": "DuoLlamaForCausalLM", "mistral": "DuoMistralForCausalLM", "qwen2": "DuoQwen2ForCausalLM",

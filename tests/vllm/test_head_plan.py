@@ -15,7 +15,7 @@ from duocal_vllm.head_plan import (
 )
 from duocal_vllm.sink_window_backend import page_layout
 
-from conftest import PROFILE, SMOLLM2
+from helpers.vllm_engines import PROFILE, SMOLLM2
 
 
 def config(**settings):

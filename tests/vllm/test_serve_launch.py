@@ -6,7 +6,7 @@ import pytest
 
 from duocal.serving.vllm_launch import VllmServe, vllm_launch
 
-from conftest import PROFILE, profile_of_another_model
+from helpers.vllm_engines import PROFILE, profile_of_another_model
 
 NAME = "smollm2-135m-instruct"
 

@@ -21,7 +21,7 @@ import pytest
 
 from duocal_vllm.sink_window_spec import PREFIX_CACHING_OFF
 
-from conftest import ENV, MAX_NUM_BATCHED_TOKENS, kv_cache_tokens
+from helpers.vllm_engines import ENV, MAX_NUM_BATCHED_TOKENS, kv_cache_tokens
 
 PORT = 8763
 NAME = "smollm2-135m-instruct"

@@ -2,7 +2,7 @@
 divides the sink, the shipped profile at 0.5 and every head streaming with a small window give duocal's runtime
 tokens (data/reference_tokens.json), prompts chunked across prefill steps, and the slow gather is not used."""
 
-from conftest import duo_overrides, run_vllm
+from helpers.vllm_engines import duo_overrides, run_vllm
 
 GATHER_LINE = "run a per-request PyTorch gather"
 

@@ -20,7 +20,7 @@ from duocal_vllm.head_plan import SETTINGS, DuoVllmError, HeadSpec, check_balanc
 from duocal_vllm.plugin import capacity_line, stock_kv_tokens
 from duocal_vllm.rank_heads import rank_table
 
-from conftest import PROFILE, SMOLLM2, kv_cache_tokens, run_engines
+from helpers.vllm_engines import PROFILE, SMOLLM2, kv_cache_tokens, run_engines
 
 TINY = dict(num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32, hidden_size=256)
 # plain plan at 0.5: layers 0 and 3 keep both rank 0 heads full (unbalanced); balanced: one full head per rank

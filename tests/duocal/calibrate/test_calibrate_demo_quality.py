@@ -16,7 +16,7 @@ import duocal_runtime as dr
 from duocal.demo import DEMO_MODEL_DIR
 from duocal_runtime.planning.head_order import bounded_order
 
-from conftest import REPO
+from helpers.paths import REPO
 
 PROFILE = REPO / "profiles" / "demo-model.json"
 
@@ -39,52 +39,66 @@ def test_shipped_profile_fits_the_demo_model_and_ranks_its_retrieval_heads_first
     assert set(top) == retrieval
 
 
-@pytest.mark.slow
-def test_shipped_profile_quality_on_held_out_passkeys():
+def tied_gates(profile: dr.Profile) -> dr.Profile:
+    """Five gates saturated at 1.0: three retrieval heads and two others."""
+    scores = [list(row) for row in profile.scores]
+    for layer, head in [(0, 3), (1, 0), (1, 1), (1, 3), (2, 1)]:
+        scores[layer][head] = 1.0
+    return dr.Profile(profile.model, scores, {"kind": "test"}, profile.deploy)
+
+
+@pytest.fixture(scope="module")
+def reranked() -> dr.Profile:
+    """The tied gates ranked by measurement (duocal.calibrate.ranking: it evaluates candidate orders)."""
+    from duocal.calibrate.ranking import rerank_profile
+
+    return rerank_profile(tied_gates(shipped()))
+
+
+@pytest.fixture(scope="module")
+def held_out(reranked) -> dict:
+    """Exact match on the same 100 held-out passkeys at 1024 tokens for every plan the claims below read, in one
+    evaluation (full attention runs once): {(row, sparsity): exact match}. Rows full, duo and random heads (3 seeds)
+    at 0.5; the shipped profile (duo), the saturated gates ranked as upstream does and the measured ranking at 14/16."""
     from duocal.eval import PasskeyEvalConfig, evaluate_passkey
+    from duocal.eval.row_kinds import duo_plan
     from duocal.models import load_model, load_tokenizer
 
     profile = shipped()
+    tied = tied_gates(profile)
     config = PasskeyEvalConfig(
-        rows=("full", "duo", "random"),
-        sparsities=(0.5, 14 / 16),
-        contexts=(1024,),
-        samples=100,
-        random_seeds=3,
-        format="demo",
+        rows=("full", "duo", "random"), sparsities=(0.5,), contexts=(1024,), samples=100, random_seeds=3, format="demo"
     )
-    rows = evaluate_passkey(load_model(DEMO_MODEL_DIR), load_tokenizer(DEMO_MODEL_DIR), config, profile=profile)
-    em = {(r.row, round(r.sparsity, 3)): r.exact_match for r in rows}
+    window = config.sink_window(profile)
+    plans = {
+        "duo 14/16": duo_plan(profile, 14 / 16, window),  # the duo row's own plan at 14/16
+        **{
+            name: dr.plan(p, sparsity=14 / 16, policy="sink_window", sink=window.sink, recent=window.recent)
+            for name, p in (("upstream-ties", tied), ("measured", reranked))
+        },
+    }
+    rows = evaluate_passkey(
+        load_model(DEMO_MODEL_DIR), load_tokenizer(DEMO_MODEL_DIR), config, profile=profile, plans=plans
+    )
+    return {(r.row, round(r.sparsity, 3)): r.exact_match for r in rows}
+
+
+@pytest.mark.slow
+def test_shipped_profile_quality_on_held_out_passkeys(held_out):
+    em = held_out
     full = em[("full", 0.0)]
     assert full >= 0.9
     assert em[("duo", 0.5)] >= full - 0.02
     assert em[("random", 0.5)] <= full - 0.20
-    assert em[("duo", 0.875)] >= 0.85
+    assert em[("duo 14/16", 0.875)] >= 0.85
 
 
 @pytest.mark.slow
-def test_measured_ranking_resolves_saturated_gates():
+def test_measured_ranking_resolves_saturated_gates(reranked, held_out):
     """Beyond upstream: five gates saturated at 1.0 (three retrieval heads and two others). Upstream's
     rule keeps the tied heads of lowest index full at 14/16 streaming heads; the measured ranking
     keeps the two that retrieve."""
-    from duocal.calibrate.ranking import rerank_profile
-    from duocal.eval import PasskeyEvalConfig, evaluate_passkey
-    from duocal.models import load_model, load_tokenizer
-
-    profile = shipped()
-    scores = [list(row) for row in profile.scores]
-    for layer, head in [(0, 3), (1, 0), (1, 1), (1, 3), (2, 1)]:
-        scores[layer][head] = 1.0
-    tied = dr.Profile(profile.model, scores, {"kind": "test"}, profile.deploy)
-    measured = rerank_profile(tied)
-    assert measured.source["reranked"]["tied_at_top"] == 5
-    window = profile.deploy.sink_window
-    plans = {
-        name: dr.plan(p, sparsity=14 / 16, policy="sink_window", sink=window.sink, recent=window.recent)
-        for name, p in (("upstream-ties", tied), ("measured", measured))
-    }
-    config = PasskeyEvalConfig(rows=("full",), contexts=(1024,), samples=100, format="demo")
-    rows = evaluate_passkey(load_model(DEMO_MODEL_DIR), load_tokenizer(DEMO_MODEL_DIR), config, plans=plans)
-    em = {r.row: r.exact_match for r in rows}
-    assert em["measured"] >= 0.85
-    assert em["measured"] >= em["upstream-ties"] + 0.2
+    assert reranked.source["reranked"]["tied_at_top"] == 5
+    em = held_out
+    assert em[("measured", 0.875)] >= 0.85
+    assert em[("measured", 0.875)] >= em[("upstream-ties", 0.875)] + 0.2

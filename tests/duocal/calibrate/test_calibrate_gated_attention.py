@@ -12,7 +12,7 @@ from duocal.calibrate.gated_attention import ATTENTION_NAME, Gating, install, mi
 from duocal.calibrate.key_blocks import blocked_sink_window_attention, dense_sink_window_attention
 from duocal_runtime import compat
 
-from runtime_models import tiny_model
+from helpers.models import tiny_model
 
 CASES = [  # T, sink, recent, block, query heads, KV heads
     (100, 4, 8, 8, 4, 2),

@@ -19,7 +19,7 @@ from duocal.calibrate.recipe import load_recipe, load_resolved
 from duocal.calibrate.run import lr_factor
 from duocal.cli.app import app
 
-from runtime_models import save_tiny_model
+from helpers.models import save_tiny_model
 
 QUICK = [
     "data.context=[64,128]",

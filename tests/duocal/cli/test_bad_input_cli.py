@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.cli.app import app
 
-from conftest import REPO
-from helpers import random_profile
+from helpers.paths import REPO
+from helpers.profiles import random_profile
 
 DEMO_PROFILE = str(REPO / "profiles" / "demo-model.json")
 

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.cli import app
 
-from helpers import random_profile, write_pattern
+from helpers.profiles import random_profile, write_pattern
 
 runner = CliRunner()
 

@@ -13,7 +13,7 @@ from duocal.cli import app
 from duocal.models.known import DEMO_MODEL_DIR
 from duocal.models.resolve import ModelRef
 
-from helpers import random_profile
+from helpers.profiles import random_profile
 
 runner = CliRunner()
 TEXT = resources.files("duocal") / "assets" / "texts" / "gpl-3.0.txt"

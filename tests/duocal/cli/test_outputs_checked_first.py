@@ -16,7 +16,7 @@ from duocal.calibrate import recipe as recipe_module
 from duocal.cli.app import app
 from duocal.models.resolve import ModelRef
 
-from conftest import REPO, UPSTREAM_PATTERNS
+from helpers.paths import REPO, UPSTREAM_PATTERNS
 
 PATTERN = str(UPSTREAM_PATTERNS / "Mistral-7B-Instruct-v0.2")
 DEMO_PROFILE = str(REPO / "profiles" / "demo-model.json")

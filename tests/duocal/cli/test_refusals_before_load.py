@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from duocal.cli.app import app
 from duocal.models import resolve
 
-from conftest import REPO
+from helpers.paths import REPO
 
 OTHER_MODELS_PROFILE = str(REPO / "profiles" / "smollm2-135m-instruct.json")  # the commands run the demo model
 ANOTHER_MODEL = "profile is for 30 layers x 3 KV heads"

@@ -12,7 +12,7 @@ from duocal.demo import DEMO_MODEL_DIR, DEMO_PASSKEY_FORMAT, demo_passkeys
 from duocal.demo.train import demo_generator, greedy_exact_match, load_training_recipe, save_demo_model, train
 from duocal.eval.retrieval_heads import needle_attention
 
-from conftest import REPO
+from helpers.paths import REPO
 
 RECIPE = REPO / "recipes" / "demo_model.yaml"
 

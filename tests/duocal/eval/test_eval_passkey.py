@@ -15,7 +15,7 @@ from duocal.eval import passkey_retrieval as pk
 from duocal.eval import row_kinds as variants
 from duocal.eval.passkey_retrieval import PasskeyEvalConfig
 
-from helpers import random_profile
+from helpers.profiles import random_profile
 
 runner = CliRunner()
 SHAPE = dr.ModelShape(4, 8, 4, 16)

@@ -16,7 +16,6 @@ from duocal.eval import ruler_tasks as T
 from duocal.eval.row_kinds import RowPlans
 from duocal.eval.ruler import RulerConfig, asks_alike, row_protocols, ruler_question_start
 from duocal.eval.tables import task_label
-from tests.runtime_models import tiny_model
 
 runner = CliRunner()
 
@@ -130,8 +129,8 @@ def answer_with_the_question_after(model, runtime, ids, start: int, new: int = 8
     return model.generate(input_ids=ids, max_new_tokens=new, do_sample=False, cache=copy.deepcopy(cache))
 
 
-def test_rows_of_full_and_sink_window_heads_run_once_for_both_protocols_and_answer_alike():
-    model = tiny_model("llama")
+def test_rows_of_full_and_sink_window_heads_run_once_for_both_protocols_and_answer_alike(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     duo = dr.Plan(shape, [[dr.SinkWindow(3, 6), dr.Full()]] * 2)
     ids = torch.randint(1, 97, (1, 40), generator=torch.Generator().manual_seed(5))

@@ -14,7 +14,7 @@ from duocal.eval.perplexity import PerplexityRow
 from duocal.eval.tables import render_ppl_table, render_table
 from duocal.reports.terminal import ascii_only
 
-from conftest import REPO
+from helpers.paths import REPO
 
 SINK_WINDOW = {"policy": "sink_window", "sink": 16, "recent": 64}
 

@@ -4,7 +4,7 @@
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers.paths import REPO
 
 DEMO = REPO / "duocal" / "assets" / "demo-model"
 

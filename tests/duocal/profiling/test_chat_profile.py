@@ -9,27 +9,21 @@ from typer.testing import CliRunner
 from duocal.cli.app import app
 from duocal.data.chat_answers import ANSWER, answered_chat
 from duocal.data.chat_prompts import chat_ids, chat_prompts
-from duocal.models import fetch_model, load_tokenizer
 from duocal.profiling import ProfilerConfig
 
 NAME = "smollm2-135m-instruct"
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(fetch_model(NAME))
-
-
 @pytest.mark.parametrize("haystack", ["repeated", "text"])
-def test_the_answer_follows_the_prompt_and_its_rows_predict_the_key(tokenizer, haystack):
-    for prompt in chat_prompts(tokenizer, 600, 3, (0.25, 0.5, 0.75), haystack, seed=5):
-        sample = answered_chat(tokenizer, prompt)
-        assert sample.ids[: sample.prompt_end] == chat_ids(tokenizer, prompt.text)
-        assert tokenizer.decode(sample.ids[sample.prompt_end :]) == ANSWER.format(key=prompt.key)
-        predicted = tokenizer.decode([sample.ids[row + 1] for row in sample.rows])
+def test_the_answer_follows_the_prompt_and_its_rows_predict_the_key(smollm2_tokenizer, haystack):
+    for prompt in chat_prompts(smollm2_tokenizer, 600, 3, (0.25, 0.5, 0.75), haystack, seed=5):
+        sample = answered_chat(smollm2_tokenizer, prompt)
+        assert sample.ids[: sample.prompt_end] == chat_ids(smollm2_tokenizer, prompt.text)
+        assert smollm2_tokenizer.decode(sample.ids[sample.prompt_end :]) == ANSWER.format(key=prompt.key)
+        predicted = smollm2_tokenizer.decode([sample.ids[row + 1] for row in sample.rows])
         assert predicted.strip() == str(prompt.key) and min(sample.rows) >= sample.prompt_end
-        needle = tokenizer.decode(sample.ids[sample.needle[0] : sample.needle[1]]).strip()
+        needle = smollm2_tokenizer.decode(sample.ids[sample.needle[0] : sample.needle[1]]).strip()
         assert needle.startswith(f"The pass key is {prompt.key}.") and needle.endswith(
             f"{prompt.key} is the pass key." if haystack == "repeated" else "Remember it."
         )

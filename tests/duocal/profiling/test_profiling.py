@@ -18,8 +18,8 @@ from duocal.profiling.profiler import recorded_rows, sequences, window_mass
 from duocal_runtime.planning.head_order import bounded_order
 from duocal_runtime.profile.measurements import Measurement
 
-from helpers import random_profile
-from runtime_models import tiny_model
+from helpers.models import tiny_model
+from helpers.profiles import random_profile
 
 
 def reference_measures(model, ids, rows, spans, policy_sizes, groups):
@@ -53,8 +53,8 @@ def reference_measures(model, ids, rows, spans, policy_sizes, groups):
     return out
 
 
-def test_profiler_scores_equal_a_dense_reference_by_hand():
-    model = tiny_model("llama")
+def test_profiler_scores_equal_a_dense_reference_by_hand(tiny_llama):
+    model = tiny_llama
     tokenizer = load_tokenizer(DEMO_MODEL_DIR)
     model.resize_token_embeddings(max(97, len(tokenizer)), mean_resizing=False)
     config = ProfilerConfig(

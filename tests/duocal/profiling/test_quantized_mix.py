@@ -15,7 +15,7 @@ from duocal_runtime.profile.measurements import Measurement, error_name, kept_na
 from duocal_runtime.quant import attention as QA
 from duocal_runtime.quant import codes as Q
 
-from runtime_models import left_padded_batch, tiny_model
+from helpers.models import left_padded_batch
 
 MIX = ("full", "full-kv8", "full-kv4", "sink_window")
 
@@ -115,8 +115,8 @@ def test_mixing_widths_without_the_measurement_or_by_tokens_is_refused():
         dr.plan(profile, budget="1MB", context=4096, policies=("full", "full-kv3"))
 
 
-def test_a_plan_of_three_widths_and_a_window_generates_in_dynamic_and_static_caches():
-    model = tiny_model("llama")
+def test_a_plan_of_three_widths_and_a_window_generates_in_dynamic_and_static_caches(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     policies = [dr.Full(), dr.Full(kv_bits=8, group=8, residual=8), dr.Full(kv_bits=4, group=8, residual=8)]
     plan = dr.Plan(shape, [policies[:2], [policies[2], dr.SinkWindow(3, 5)]])

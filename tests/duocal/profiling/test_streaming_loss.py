@@ -8,7 +8,7 @@ import duocal_runtime as dr
 from duocal.profiling.attention_stats import attention_function
 from duocal.profiling.streaming_loss import StreamingGates, answer_loss, frozen, streaming_loss
 
-from runtime_models import tiny_model
+from helpers.models import tiny_model
 
 WINDOW = dr.SinkWindow(4, 8)
 LENGTH = 40

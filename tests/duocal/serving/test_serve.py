@@ -18,16 +18,10 @@ import duocal_runtime as dr
 from duocal.serving.startup import ServeSettings, prepare_server
 from duocal_runtime.paged.quantized_pages import page_size_for, quantized_policies
 
-from helpers import pool_is_whole, random_profile, served_over_http
+from helpers.profiles import random_profile
+from helpers.serving import pool_is_whole
 
 NAME = "duocal/demo-model"
-
-
-@pytest.fixture(scope="module")
-def server():
-    """The demo model and its shipped profile, served in this process (so the test sees the pool)."""
-    with served_over_http(ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, page_size=16)) as running:
-        yield running
 
 
 def client(base):
@@ -43,8 +37,8 @@ def post(base, path, body: bytes) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-def test_64_concurrent_streams_all_complete_once(server):
-    served, _, base = server
+def test_64_concurrent_streams_all_complete_once(demo_server):
+    served, _, base = demo_server
 
     def one(i):
         stream = client(base).completions.create(
@@ -61,8 +55,8 @@ def test_64_concurrent_streams_all_complete_once(server):
     assert pool_is_whole(served)
 
 
-def test_a_client_that_disconnects_mid_stream_frees_its_pages(server):
-    served, _, base = server
+def test_a_client_that_disconnects_mid_stream_frees_its_pages(demo_server):
+    served, _, base = demo_server
     body = {"model": NAME, "prompt": "x" * 200, "max_tokens": 1000, "stream": True}
     host, port = base.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
@@ -88,8 +82,8 @@ def test_a_client_that_disconnects_mid_stream_frees_its_pages(server):
         ({"model": NAME, "messages": [{"role": "user", "content": "hi"}]}, "no chat template"),
     ],
 )
-def test_bad_requests_get_a_4xx_that_says_why_and_the_server_keeps_serving(server, body, message):
-    served, _, base = server
+def test_bad_requests_get_a_4xx_that_says_why_and_the_server_keeps_serving(demo_server, body, message):
+    served, _, base = demo_server
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     status, text = post(base, path, json.dumps(body).encode())
     assert 400 <= status < 500, text
@@ -128,8 +122,8 @@ def test_a_profile_for_another_model_fails_at_start_up(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-def test_the_pool_summary_counts_requests_the_scheduler_can_admit(server):
-    served, summary, _ = server
+def test_the_pool_summary_counts_requests_the_scheduler_can_admit(demo_server):
+    served, summary, _ = demo_server
     cache = served.manager.cache
     assert summary["kv_bytes"] == cache.capacity_bytes()
     assert summary["requests"] >= summary["plain_requests"]
@@ -138,8 +132,8 @@ def test_the_pool_summary_counts_requests_the_scheduler_can_admit(server):
     assert json.dumps(summary)  # printable as it is
 
 
-def test_a_quantized_plan_is_served_on_pages_of_whole_code_groups(server):
-    _, plain_summary, _ = server
+def test_a_quantized_plan_is_served_on_pages_of_whole_code_groups(demo_server):
+    _, plain_summary, _ = demo_server
     served, summary = prepare_server(ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, kv_bits=4))
     try:
         cache, runtime = served.manager.cache, served.runtime

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from serve_helpers import call, running_server
+from helpers.serving import call
 
 MODEL = "smollm2-135m-instruct"
 CASES_PER_ROUTE = 30
@@ -24,15 +24,8 @@ TOKEN_FIELD = {
 
 
 @pytest.fixture(scope="module")
-def fuzzed_server():
-    """SmolLM2 (cached for the suite's real-model tests): it has a chat template, so the chat routes generate."""
-    with running_server(model=MODEL) as (served, base):
-        yield served, base
-
-
-@pytest.fixture(scope="module")
-def api_schema(fuzzed_server):
-    _, base = fuzzed_server
+def api_schema(smollm2_server):
+    _, _, base = smollm2_server
     return schemathesis.openapi.from_url(base + "/openapi.json")
 
 
@@ -69,8 +62,8 @@ def cases(operation):
 
 
 @pytest.mark.parametrize("method, path", ROUTES)
-def test_no_fuzzed_request_gets_a_5xx(api_schema, fuzzed_server, method, path):
-    _, base = fuzzed_server
+def test_no_fuzzed_request_gets_a_5xx(api_schema, smollm2_server, method, path):
+    _, _, base = smollm2_server
     operation = api_schema[path][method].ok() if hasattr(api_schema[path][method], "ok") else api_schema[path][method]
     examples = 1 if method == "GET" else CASES_PER_ROUTE
 
@@ -86,10 +79,10 @@ def test_no_fuzzed_request_gets_a_5xx(api_schema, fuzzed_server, method, path):
     no_5xx()
 
 
-def test_the_server_still_generates_after_the_fuzzing(fuzzed_server):
-    from helpers import pool_is_whole
+def test_the_server_still_generates_after_the_fuzzing(smollm2_server):
+    from helpers.serving import pool_is_whole
 
-    served, base = fuzzed_server
+    served, _, base = smollm2_server
     status, body, _ = call(
         base, "POST", "/v1/completions", {"model": MODEL, "prompt": "the passkey is", "max_tokens": 5}
     )
@@ -118,8 +111,8 @@ MESSAGES = [{"role": "user", "content": "hi"}]
         ("/v1/responses", {"input": [*MESSAGES, {"type": "mystery"}]}, "type must be one of"),
     ],
 )
-def test_what_the_fuzzer_found_is_a_400_that_names_the_field(fuzzed_server, path, body, words):
-    _, base = fuzzed_server
+def test_what_the_fuzzer_found_is_a_400_that_names_the_field(smollm2_server, path, body, words):
+    _, _, base = smollm2_server
     status, text, _ = call(
         base, "POST", path, {"max_tokens" if path != "/v1/responses" else "max_output_tokens": 3, **body}
     )
@@ -127,8 +120,8 @@ def test_what_the_fuzzer_found_is_a_400_that_names_the_field(fuzzed_server, path
     assert status == 400 and words in error["message"], text
 
 
-def test_a_null_field_is_a_field_not_given(fuzzed_server):
-    _, base = fuzzed_server
+def test_a_null_field_is_a_field_not_given(smollm2_server):
+    _, _, base = smollm2_server
     body = {"input": "hi", "max_output_tokens": 3, "stream": False, "parallel_tool_calls": None, "seed": None}
     status, text, _ = call(base, "POST", "/v1/responses", body)
     assert status == 200, text

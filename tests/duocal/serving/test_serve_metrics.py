@@ -16,13 +16,7 @@ from duocal.serving.openapi import common_fields
 from duocal.serving.request_checks import COMMON_FIELDS
 from duocal.serving.startup import listening_socket, server_url
 
-from serve_helpers import NAME, call, running_server
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_server() as (served, base):
-        yield served, base
+from helpers.serving import NAME, call, running_server
 
 
 def scrape(base) -> dict:
@@ -51,8 +45,8 @@ def wait_for(condition, seconds=20):
     return condition()
 
 
-def test_tokens_requests_and_latency_grow_by_what_a_request_did(server):
-    _, base = server
+def test_tokens_requests_and_latency_grow_by_what_a_request_did(demo_server):
+    _, _, base = demo_server
     before = scrape(base)
     status, body, _ = call(
         base, "POST", "/v1/completions", {"model": NAME, "prompt": "the passkey is", "max_tokens": 7}
@@ -81,10 +75,10 @@ def test_tokens_requests_and_latency_grow_by_what_a_request_did(server):
     assert 0 < took < 60
 
 
-def test_errors_are_counted_by_class(server, monkeypatch):
+def test_errors_are_counted_by_class(demo_server, monkeypatch):
     from transformers.cli.serving.completion import CompletionHandler
 
-    _, base = server
+    _, _, base = demo_server
     before = scrape(base)
     assert call(base, "POST", "/v1/completions", {"model": NAME, "prompt": ""})[0] == 400
     assert call(base, "GET", "/no/such/route")[0] == 404
@@ -111,8 +105,8 @@ def test_errors_are_counted_by_class(server, monkeypatch):
     assert value(after, "duocal_requests_total", route="/v1/completions", status="400") >= 1
 
 
-def test_pages_and_running_requests_follow_a_stream_and_return_to_zero(server):
-    served, base = server
+def test_pages_and_running_requests_follow_a_stream_and_return_to_zero(demo_server):
+    served, _, base = demo_server
     idle = scrape(base)
     assert groups(idle) == set(served.manager.cache.cache_allocators) and groups(idle)
     cache = served.manager.cache
@@ -149,8 +143,8 @@ def test_pages_and_running_requests_follow_a_stream_and_return_to_zero(server):
     assert all(value(final, "duocal_kv_pages_free", group=g) == cache.num_sectors * per_sector[g] for g in groups(idle))
 
 
-def test_a_request_queued_behind_a_paused_worker_counts_as_waiting(server):
-    served, base = server
+def test_a_request_queued_behind_a_paused_worker_counts_as_waiting(demo_server):
+    served, _, base = demo_server
     assert wait_for(lambda: value(scrape(base), "duocal_requests_running") == 0)  # earlier tests' requests ended
     answers = []
     with served.manager.pause():
@@ -167,17 +161,17 @@ def test_a_request_queued_behind_a_paused_worker_counts_as_waiting(server):
     assert value(scrape(base), "duocal_requests_waiting") == 0
 
 
-def test_two_servers_in_one_process_keep_their_own_counts(server):
-    _, base = server
-    with running_server() as (_, other):
+def test_two_servers_in_one_process_keep_their_own_counts(demo_server):
+    _, _, base = demo_server
+    with running_server() as (_, _, other):
         assert call(other, "POST", "/v1/completions", {"model": NAME, "prompt": "ab", "max_tokens": 2})[0] == 200
         before, counted = scrape(base), scrape(other)
     assert value(counted, "duocal_generated_tokens_total") == 2
     assert value(scrape(base), "duocal_generated_tokens_total") == value(before, "duocal_generated_tokens_total")
 
 
-def test_the_openapi_schema_describes_our_routes_and_the_fields_we_check(server):
-    _, base = server
+def test_the_openapi_schema_describes_our_routes_and_the_fields_we_check(demo_server):
+    _, _, base = demo_server
     status, text, _ = call(base, "GET", "/openapi.json")
     schema = json.loads(text)
     assert status == 200 and set(schema["paths"]) == {

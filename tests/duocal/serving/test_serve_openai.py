@@ -13,19 +13,11 @@ from openai.types.completion_create_params import CompletionCreateParamsBase as 
 from openai.types.responses.response_create_params import ResponseCreateParamsBase as ResponseParams
 
 from duocal.serving.served_fields import HONOURED, NO_EFFECT, SERVED
-from duocal.serving.startup import ServeSettings
 
-from helpers import pool_is_whole, served_over_http
+from helpers.serving import pool_is_whole
 
 NAME = "duocal/demo-model"
 PROMPT = "the passkey is"
-
-
-@pytest.fixture(scope="module")
-def server():
-    settings = ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, page_size=16)
-    with served_over_http(settings, log_level="critical") as (served, _, base):
-        yield served, base
 
 
 def client(base):
@@ -78,8 +70,8 @@ def plain_text(base, max_tokens=24) -> str:
     return answer["choices"][0]["text"]
 
 
-def test_a_completion_stream_ends_in_done_with_usage_only_when_asked(server):
-    served, base = server
+def test_a_completion_stream_ends_in_done_with_usage_only_when_asked(demo_server):
+    served, _, base = demo_server
     body = {"model": NAME, "prompt": PROMPT, "max_tokens": 5}
     events = stream_events(base, "/v1/completions", body)
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
@@ -95,8 +87,8 @@ def test_a_completion_stream_ends_in_done_with_usage_only_when_asked(server):
     assert pool_is_whole(served)
 
 
-def test_stop_ends_the_text_before_the_stop_string_streamed_or_not(server):
-    served, base = server
+def test_stop_ends_the_text_before_the_stop_string_streamed_or_not(demo_server):
+    served, _, base = demo_server
     full = plain_text(base)
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     want = full[: full.find(stop)]
@@ -111,8 +103,8 @@ def test_stop_ends_the_text_before_the_stop_string_streamed_or_not(server):
     assert pool_is_whole(served)
 
 
-def test_a_stop_string_ended_by_the_last_allowed_token_is_a_stop(server):
-    _, base = server
+def test_a_stop_string_ended_by_the_last_allowed_token_is_a_stop(demo_server):
+    _, _, base = demo_server
     full = plain_text(base, max_tokens=8)
     stop = full.rstrip()[-2:]
     body = {"model": NAME, "prompt": PROMPT, "max_tokens": 8, "stop": stop}
@@ -123,8 +115,8 @@ def test_a_stop_string_ended_by_the_last_allowed_token_is_a_stop(server):
     assert events[-2]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_echo_puts_the_prompt_first(server):
-    _, base = server
+def test_echo_puts_the_prompt_first(demo_server):
+    _, _, base = demo_server
     body = {"model": NAME, "prompt": PROMPT, "max_tokens": 6, "echo": True}
     status, answer = post_json(base, "/v1/completions", body)
     assert status == 200 and answer["choices"][0]["text"] == PROMPT + plain_text(base, 6), answer
@@ -159,8 +151,8 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("path, field, value", REFUSED)
-def test_a_field_the_server_cannot_honour_is_a_400_naming_it(server, path, field, value):
-    served, base = server
+def test_a_field_the_server_cannot_honour_is_a_400_naming_it(demo_server, path, field, value):
+    served, _, base = demo_server
     status, answer = post_json(base, path, {**valid_body(path), field: value})
     assert_openai_error(status, answer, 400, field)
     assert field in answer["error"]["message"]
@@ -168,24 +160,24 @@ def test_a_field_the_server_cannot_honour_is_a_400_naming_it(server, path, field
 
 
 @pytest.mark.parametrize("stop", ["", ["a", ""]])
-def test_an_empty_stop_string_is_a_400(server, stop):
-    _, base = server
+def test_an_empty_stop_string_is_a_400(demo_server, stop):
+    _, _, base = demo_server
     status, answer = post_json(base, "/v1/completions", {**valid_body("/v1/completions"), "stop": stop})
     assert_openai_error(status, answer, 400, "stop")
     assert "non-empty string" in answer["error"]["message"]
 
 
 @pytest.mark.parametrize("kind", ["image_url", "input_audio", "file"])
-def test_a_non_text_content_part_is_a_400_naming_messages(server, kind):
-    _, base = server
+def test_a_non_text_content_part_is_a_400_naming_messages(demo_server, kind):
+    _, _, base = demo_server
     parts = [{"type": "text", "text": "what is this?"}, {"type": kind, kind: {"url": "data:,x"}}]
     status, answer = post_json(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": parts}]})
     assert_openai_error(status, answer, 400, "messages")
     assert f"'{kind}' part" in answer["error"]["message"]
 
 
-def test_values_that_change_nothing_here_are_accepted(server):
-    _, base = server
+def test_values_that_change_nothing_here_are_accepted(demo_server):
+    _, _, base = demo_server
     same = {"temperature": 0, "top_p": 0.3, "seed": 7, "n": 1, "best_of": 1, "user": "u1", "frequency_penalty": 0}
     status, answer = post_json(base, "/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 24, **same})
     assert status == 200, answer
@@ -202,8 +194,8 @@ def test_every_openai_request_field_is_honoured_accepted_or_checked(path, params
     assert set(params.__annotations__) - covered == set()
 
 
-def test_the_model_id_is_the_one_given_everywhere(server):
-    _, base = server
+def test_the_model_id_is_the_one_given_everywhere(demo_server):
+    _, _, base = demo_server
     status, _, text = exchange(base, "GET", "/v1/models")
     assert status == 200 and [m["id"] for m in json.loads(text)["data"]] == [NAME]
     assert client(base).models.retrieve(NAME).id == NAME
@@ -235,10 +227,10 @@ def failing_after(calls: int):
     return put_then_fail
 
 
-def test_an_error_after_the_headers_is_an_error_event_then_done(server, monkeypatch):
+def test_an_error_after_the_headers_is_an_error_event_then_done(demo_server, monkeypatch):
     from transformers.cli.serving.utils import CBStreamer
 
-    served, base = server
+    served, _, base = demo_server
     monkeypatch.setattr(CBStreamer, "put", failing_after(3))
     events = stream_events(base, "/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 300})
     monkeypatch.undo()
@@ -249,10 +241,10 @@ def test_an_error_after_the_headers_is_an_error_event_then_done(server, monkeypa
     assert pool_is_whole(served, seconds=5)  # cancelled, not left generating 300 tokens
 
 
-def test_an_exception_inside_the_stream_is_an_error_event_then_done(server, monkeypatch):
+def test_an_exception_inside_the_stream_is_an_error_event_then_done(demo_server, monkeypatch):
     from transformers.cli.serving.completion import CompletionHandler
 
-    served, base = server
+    served, _, base = demo_server
     build = CompletionHandler._build_chunk_sse
 
     def fail_at_the_end(self, *args, finish_reason=None, **kwargs):
@@ -268,21 +260,13 @@ def test_an_exception_inside_the_stream_is_an_error_event_then_done(server, monk
     assert client(base).completions.create(model=NAME, prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
 
 
-@pytest.fixture(scope="module")
-def chat_server():
-    """SmolLM2-135M-Instruct (it has a chat template), its shipped profile."""
-    settings = ServeSettings(model="smollm2-135m-instruct", num_blocks=64, max_batch_tokens=512)
-    with served_over_http(settings, log_level="critical") as (served, _, base):
-        yield served, base
-
-
 CHAT = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name three colours."}]
 
 
 @pytest.mark.slow
-def test_a_chat_stream_ends_in_done_with_usage_only_when_asked_and_the_model_as_given(chat_server):
-    served, base = chat_server
+def test_a_chat_stream_ends_in_done_with_usage_only_when_asked_and_the_model_as_given(smollm2_server):
+    served, _, base = smollm2_server
     body = {"model": CHAT, "messages": HELLO, "max_tokens": 6}
     events = stream_events(base, "/v1/chat/completions", body)
     assert events[-1] == "[DONE]" and all("usage" not in e for e in events[:-1])
@@ -295,8 +279,8 @@ def test_a_chat_stream_ends_in_done_with_usage_only_when_asked_and_the_model_as_
 
 
 @pytest.mark.slow
-def test_stop_ends_a_chat_answer_streamed_or_not(chat_server):
-    served, base = chat_server
+def test_stop_ends_a_chat_answer_streamed_or_not(smollm2_server):
+    served, _, base = smollm2_server
     body = {"model": CHAT, "messages": HELLO, "max_tokens": 20}
     full = client(base).chat.completions.create(**body).choices[0].message.content
     stop = full[len(full) // 2 : len(full) // 2 + 2]
@@ -310,11 +294,11 @@ def test_stop_ends_a_chat_answer_streamed_or_not(chat_server):
 
 
 @pytest.mark.slow
-def test_stop_holds_for_a_model_whose_tokenizer_parses_its_answers(chat_server, monkeypatch):
+def test_stop_holds_for_a_model_whose_tokenizer_parses_its_answers(smollm2_server, monkeypatch):
     """Such a model's answer is read again from all its tokens (the one that ended the stop string too)."""
     from transformers.cli.serving import chat_completion
 
-    _, base = chat_server
+    _, _, base = smollm2_server
     body = {"model": CHAT, "messages": HELLO, "max_tokens": 20}
     full = client(base).chat.completions.create(**body).choices[0].message.content
     stop = full[len(full) // 2 : len(full) // 2 + 2]
@@ -328,8 +312,8 @@ def test_stop_holds_for_a_model_whose_tokenizer_parses_its_answers(chat_server, 
 
 
 @pytest.mark.slow
-def test_a_responses_request_without_stream_answers_json(chat_server):
-    _, base = chat_server
+def test_a_responses_request_without_stream_answers_json(smollm2_server):
+    _, _, base = smollm2_server
     status, kind, text = exchange(base, "POST", "/v1/responses", {"model": CHAT, "input": "Hi", "max_output_tokens": 4})
     assert status == 200 and kind.startswith("application/json"), text
     assert json.loads(text)["model"] == CHAT

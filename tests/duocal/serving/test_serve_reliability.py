@@ -20,18 +20,10 @@ import pytest
 from duocal.serving.startup import ServeSettings, prepare_server
 from duocal_runtime.paged.manager import PlanRequestError
 
-from helpers import pool_is_whole, served_over_http
+from helpers.serving import pool_is_whole
 
 NAME = "duocal/demo-model"
 LIMIT = 64 * 1024
-
-
-@pytest.fixture(scope="module")
-def server():
-    """The demo model served in this process with a 64 kB body limit; stopped within 30 s whatever happens."""
-    settings = ServeSettings(sparsity=0.5, num_blocks=128, max_batch_tokens=2048, page_size=16, max_request_size=LIMIT)
-    with served_over_http(settings, log_level="critical") as (served, _, base):
-        yield served, base
 
 
 def client(base):
@@ -81,8 +73,8 @@ def still_serving(served, base):
 
 
 @pytest.mark.parametrize("body", [{"prompt": ""}, {}, {"prompt": None}], ids=["empty", "missing", "null"])
-def test_an_empty_or_missing_prompt_is_a_400_and_the_worker_keeps_serving(server, body):
-    served, base = server
+def test_an_empty_or_missing_prompt_is_a_400_and_the_worker_keeps_serving(demo_server, body):
+    served, _, base = demo_server
     status, answer, _ = post(base, "/v1/completions", {"model": NAME, "max_tokens": 3, **body})
     assert_error(status, answer, 400, "prompt must be a non-empty string", "prompt")
     with pytest.raises(PlanRequestError, match="the prompt is empty"):
@@ -90,8 +82,8 @@ def test_an_empty_or_missing_prompt_is_a_400_and_the_worker_keeps_serving(server
     still_serving(served, base)
 
 
-def test_requests_with_one_x_request_id_all_complete(server):
-    served, base = server
+def test_requests_with_one_x_request_id_all_complete(demo_server):
+    served, _, base = demo_server
     body = {"model": NAME, "prompt": "the passkey is", "max_tokens": 8}
 
     def one(i):
@@ -120,8 +112,8 @@ def test_requests_with_one_x_request_id_all_complete(server):
         ("GET", "/v1/completions", 405),
     ],
 )
-def test_only_the_routes_we_mean_exist(server, method, path, status):
-    served, base = server
+def test_only_the_routes_we_mean_exist(demo_server, method, path, status):
+    served, _, base = demo_server
     got, answer, _ = request(base, method, path, b'{"model": "' + NAME.encode() + b'"}')
     assert_error(got, answer, status)
     assert request(base, "GET", "/v1/models")[1]["data"][0]["id"] == NAME
@@ -143,8 +135,8 @@ def test_health_is_503_once_the_worker_is_gone():
         served.runtime.remove()
 
 
-def test_a_body_over_the_limit_is_a_413(server):
-    served, base = server
+def test_a_body_over_the_limit_is_a_413(demo_server):
+    served, _, base = demo_server
     big = json.dumps({"model": NAME, "prompt": "a" * (LIMIT + 10), "max_tokens": 3}).encode()
     status, answer, _ = post(base, "/v1/completions", big)
     assert_error(status, answer, 413, f"({LIMIT:,} bytes)")
@@ -178,17 +170,17 @@ def test_a_body_over_the_limit_is_a_413(server):
         ("/v1/responses", {"input": [{"type": "input_text", "text": 3}]}, "text parts need", "input"),
     ],
 )
-def test_malformed_bodies_are_a_400_that_names_the_field(server, path, body, words, param):
-    served, base = server
+def test_malformed_bodies_are_a_400_that_names_the_field(demo_server, path, body, words, param):
+    served, _, base = demo_server
     status, answer, _ = post(base, path, body)
     assert_error(status, answer, 400, words, param)
     still_serving(served, base)
 
 
-def test_a_handler_that_fails_is_a_500_in_the_error_shape(server, monkeypatch):
+def test_a_handler_that_fails_is_a_500_in_the_error_shape(demo_server, monkeypatch):
     from transformers.cli.serving.completion import CompletionHandler
 
-    served, base = server
+    served, _, base = demo_server
 
     async def broken(self, body, request_id):
         raise KeyError("a bug")
@@ -200,9 +192,9 @@ def test_a_handler_that_fails_is_a_500_in_the_error_shape(server, monkeypatch):
     still_serving(served, base)
 
 
-def test_a_client_that_goes_away_before_its_answer_cancels_its_generation(server):
+def test_a_client_that_goes_away_before_its_answer_cancels_its_generation(demo_server):
     """Non-streaming: no byte is written before the end, so only the watch on the connection sees it go."""
-    served, base = server
+    served, _, base = demo_server
     cache = served.manager.cache
     host, port = base.removeprefix("http://").split(":")
     body = {"model": NAME, "prompt": "x" * 200, "max_tokens": 1500}
@@ -264,10 +256,10 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_64_mixed_requests_at_once_leave_a_server_that_answers_and_a_whole_pool(server):
+def test_64_mixed_requests_at_once_leave_a_server_that_answers_and_a_whole_pool(demo_server):
     """Valid streams and plain requests, bad bodies, clients that leave and one X-Request-ID for many;
     afterwards the pool is all free and the process's memory is within 10% of what it was before."""
-    served, base = server
+    served, _, base = demo_server
     still_serving(served, base)  # warm: the first requests allocate what every later one reuses
     start = resident_bytes()
     host, port = base.removeprefix("http://").split(":")

@@ -15,17 +15,10 @@ from duocal.serving import logits_processing as lp
 from duocal.serving.batch_sampling import KEY, BatchSampler, RequestSampling
 from duocal.serving.sampling_settings import SamplingSettings
 
-from helpers import pool_is_whole
-from serve_helpers import NAME, call, running_server
+from helpers.serving import NAME, call, pool_is_whole
 
 PROMPT = "the passkey is"
 EOS = 2  # the demo model's end-of-sequence token
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_server() as (served, base):
-        yield served, base
 
 
 def completion(base, **fields) -> dict:
@@ -45,8 +38,8 @@ def repeats(answer: str) -> int:
     return len(answer) - len(set(answer))
 
 
-def test_a_seed_gives_the_same_text_and_other_seeds_other_texts(server):
-    served, base = server
+def test_a_seed_gives_the_same_text_and_other_seeds_other_texts(demo_server):
+    served, _, base = demo_server
     sampled = {"temperature": 1.2, "seed": 11}
     first = text(base, **sampled)
     assert text(base, **sampled) == first
@@ -64,14 +57,14 @@ def test_a_seed_gives_the_same_text_and_other_seeds_other_texts(server):
 @pytest.mark.parametrize(
     "fields", [{"temperature": 0}, {"temperature": 1e-6}, {"temperature": 0, "top_p": 0.1, "seed": 3}, {"top_k": 1}]
 )
-def test_temperature_0_and_top_k_1_are_greedy(server, fields):
-    _, base = server
+def test_temperature_0_and_top_k_1_are_greedy(demo_server, fields):
+    _, _, base = demo_server
     greedy = text(base)
     assert text(base, **{"temperature": 1.5, **fields}) == greedy
 
 
-def test_a_logit_bias_of_minus_100_on_the_greedy_token_changes_it(server):
-    _, base = server
+def test_a_logit_bias_of_minus_100_on_the_greedy_token_changes_it(demo_server):
+    _, _, base = demo_server
     from duocal.models import ModelRef
 
     greedy = text(base)
@@ -84,16 +77,16 @@ def test_a_logit_bias_of_minus_100_on_the_greedy_token_changes_it(server):
 @pytest.mark.parametrize(
     "penalty", [{"frequency_penalty": 2}, {"presence_penalty": 2}, {"repetition_penalty": 1.8}], ids=str
 )
-def test_a_penalty_makes_a_repetitive_greedy_answer_repeat_less(server, penalty):
-    _, base = server
+def test_a_penalty_makes_a_repetitive_greedy_answer_repeat_less(demo_server, penalty):
+    _, _, base = demo_server
     greedy = text(base)
     assert repeats(greedy) >= 10  # 24 tokens from a 128-token vocabulary: repetitive
     penalized = text(base, **penalty)
     assert penalized != greedy and repeats(penalized) < repeats(greedy)
 
 
-def test_min_tokens_holds_the_end_of_sequence_back(server):
-    _, base = server
+def test_min_tokens_holds_the_end_of_sequence_back(demo_server):
+    _, _, base = demo_server
     ending = {"logit_bias": {str(EOS): 100}}
     answer = completion(base, **ending)
     assert answer["choices"][0]["text"] == "" and answer["choices"][0]["finish_reason"] == "stop"
@@ -101,8 +94,8 @@ def test_min_tokens_holds_the_end_of_sequence_back(server):
     assert answer["choices"][0]["text"] == text(base)[:5] and answer["choices"][0]["finish_reason"] == "stop"
 
 
-def test_a_batch_mixing_greedy_and_sampled_requests_keeps_each_ones_tokens(server, monkeypatch):
-    served, base = server
+def test_a_batch_mixing_greedy_and_sampled_requests_keeps_each_ones_tokens(demo_server, monkeypatch):
+    served, _, base = demo_server
     bodies = [{}, {"temperature": 1.0, "seed": 5}, {"temperature": 0.8, "top_p": 0.9}, {"temperature": 1.3}]
     bodies += [{"temperature": 0.7, "top_k": 5, "frequency_penalty": 1}, {}]
     alone = [text(base, max_tokens=48, **body) for body in bodies[:2]]
@@ -132,8 +125,8 @@ def test_a_batch_mixing_greedy_and_sampled_requests_keeps_each_ones_tokens(serve
     assert pool_is_whole(served)
 
 
-def test_the_openai_client_gets_the_same_text_twice_with_a_seed(server):
-    _, base = server
+def test_the_openai_client_gets_the_same_text_twice_with_a_seed(demo_server):
+    _, _, base = demo_server
     client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
     asked = {"model": NAME, "prompt": PROMPT, "max_tokens": 24, "temperature": 0.7, "top_p": 0.9, "seed": 1}
     first = client.completions.create(**asked).choices[0].text
@@ -165,8 +158,8 @@ BAD = [
 
 
 @pytest.mark.parametrize("field, value, words", BAD, ids=[f"{f}={v}" for f, v, _ in BAD])
-def test_a_bad_sampling_value_is_a_400_naming_the_field(server, field, value, words):
-    served, base = server
+def test_a_bad_sampling_value_is_a_400_naming_the_field(demo_server, field, value, words):
+    served, _, base = demo_server
     status, body, _ = call(base, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, field: value})
     error = json.loads(body)["error"]
     assert status == 400 and error["param"] == field and words in error["message"], body

@@ -15,8 +15,8 @@ from duocal_runtime.attention import scored as scored_attention
 from duocal_runtime.attention import sink_window_attention as sink_window_kernels
 from duocal_runtime.policies import heavy_hitters
 
-from reference_attention import NAME, DenseReference, runtime_kept_ranks
-from runtime_models import left_padded_batch, tiny_model
+from helpers.models import left_padded_batch
+from helpers.reference_attention import NAME, DenseReference, runtime_kept_ranks
 
 
 def window_mask(q_rank, k_rank, sink, recent):
@@ -144,7 +144,7 @@ def test_a_first_pass_masked_by_one_triangle_equals_the_rank_masked_route_bit_fo
     torch.testing.assert_close(own[1].double(), probs.sum(2), rtol=0, atol=2e-5)
 
 
-def test_h2o_prefill_takes_the_triangle_route_only_for_an_unpadded_first_pass(monkeypatch):
+def test_h2o_prefill_takes_the_triangle_route_only_for_an_unpadded_first_pass(monkeypatch, tiny_llama):
     routes = []
     original = scored_attention.attention_with_mass
 
@@ -153,7 +153,7 @@ def test_h2o_prefill_takes_the_triangle_route_only_for_an_unpadded_first_pass(mo
         return original(*args, **kwargs)
 
     monkeypatch.setattr(heavy_hitters, "attention_with_mass", recording)
-    model = tiny_model("llama")
+    model = tiny_llama
     runtime = dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.H2O(8, 8)))
     with torch.no_grad():
         cache = runtime.new_cache()
@@ -167,9 +167,9 @@ def test_h2o_prefill_takes_the_triangle_route_only_for_an_unpadded_first_pass(mo
 
 
 @pytest.mark.slow
-def test_long_prompts_through_the_flex_path_match_the_dense_reference(monkeypatch):
+def test_long_prompts_through_the_flex_path_match_the_dense_reference(monkeypatch, tiny_llama):
     monkeypatch.setattr(DA, "DENSE_MAX_ELEMENTS", 0)
-    model = tiny_model("llama")
+    model = tiny_llama
     plan = dr.Plan(
         dr.shape_of_config(model.config), [[dr.SinkWindow(4, 40), dr.H2O(20, 24)], [dr.Full(), dr.SinkWindow(8, 100)]]
     )
@@ -195,10 +195,10 @@ def test_long_prompts_through_the_flex_path_match_the_dense_reference(monkeypatc
         assert runtime_kept_ranks(cache, 0, row, 1) == reference.kept_ranks(0, row, 1)
 
 
-def test_a_forward_pass_with_gradients_works_above_the_dense_threshold(monkeypatch):
+def test_a_forward_pass_with_gradients_works_above_the_dense_threshold(monkeypatch, tiny_llama):
     """README promises plain forward passes work: with autograd on, CPU takes the differentiable path."""
     monkeypatch.setattr(DA, "DENSE_MAX_ELEMENTS", 0)  # every pass would take compiled FlexAttention
-    model = tiny_model("llama")
+    model = tiny_llama
     plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.SinkWindow(4, 16))
     ids = torch.randint(1, 97, (1, 300))
     with dr.apply(model, plan):
@@ -211,11 +211,11 @@ def test_a_forward_pass_with_gradients_works_above_the_dense_threshold(monkeypat
     model.zero_grad()
 
 
-def test_a_warmup_leaves_no_compile_for_the_next_call_of_that_length(monkeypatch):
+def test_a_warmup_leaves_no_compile_for_the_next_call_of_that_length(monkeypatch, tiny_llama):
     from torch._dynamo.utils import counters
 
     monkeypatch.setattr(DA, "DENSE_MAX_ELEMENTS", 0)  # every pass takes the compiled kernel
-    model = tiny_model("llama")
+    model = tiny_llama
     plan = dr.Plan(dr.shape_of_config(model.config), [[dr.SinkWindow(4, 40), dr.Full()], [dr.SinkWindow(8, 100)] * 2])
     ids = torch.randint(1, 97, (1, 333))
     with dr.apply(model, plan, warmup=[333]) as runtime:

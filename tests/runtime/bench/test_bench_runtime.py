@@ -94,15 +94,14 @@ def test_unknown_rows_and_shapes_are_refused(capsys):
 
 
 @pytest.mark.slow
-def test_first_call_benchmark_runs_each_row_in_a_fresh_process(tmp_path, capsys):
+def test_first_call_benchmark_runs_each_row_in_a_fresh_process(tmp_path, capsys, tiny_llama):
     """Rows plain and duo50 on a tiny saved Llama: a table with plain at 1.00x and JSON with both rows."""
     import duocal_runtime as dr
     from duocal_runtime.bench import first_call
 
-    from helpers import random_profile
-    from runtime_models import tiny_model
+    from helpers.profiles import random_profile
 
-    model = tiny_model()
+    model = tiny_llama
     model.save_pretrained(tmp_path / "model")
     shape = dr.shape_of_config(model.config)
     profile = random_profile(
@@ -124,16 +123,15 @@ def test_first_call_benchmark_runs_each_row_in_a_fresh_process(tmp_path, capsys)
 
 
 @pytest.mark.slow
-def test_serving_benchmark_serves_every_request_and_keeps_each_row_it_measured(tmp_path, capsys):
+def test_serving_benchmark_serves_every_request_and_keeps_each_row_it_measured(tmp_path, capsys, tiny_llama):
     """A tiny saved Llama through transformers' continuous batching: every request's tokens come back,
     duo rows hold fewer bytes per request than plain, and the JSON is written after each row."""
     import duocal_runtime as dr
     from duocal_runtime.bench import serving
 
-    from helpers import random_profile
-    from runtime_models import tiny_model
+    from helpers.profiles import random_profile
 
-    model = tiny_model()
+    model = tiny_llama
     model.save_pretrained(tmp_path / "model")
     shape = dr.shape_of_config(model.config)
     profile = random_profile(

@@ -25,8 +25,8 @@ from duocal_runtime.fetching.prebuilt_index import (
 from duocal_runtime.fetching.pull import pull
 from duocal_runtime.profile.upstream import KNOWN_MODELS, UPSTREAM_COMMIT, UPSTREAM_REPO
 
-from conftest import REPO
-from helpers import random_profile
+from helpers.paths import REPO
+from helpers.profiles import random_profile
 
 PROFILES_DIR = REPO / "profiles"
 INDEX_JSON = PROFILES_DIR / "index.json"

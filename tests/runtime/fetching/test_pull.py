@@ -1,4 +1,4 @@
-"""`pull` against a real HTTP server on 127.0.0.1 (tests/http_server.py): caching, verification,
+"""`pull` against a real HTTP server on 127.0.0.1 (tests/helpers/http_server.py): caching, verification,
 and every failure the issue lists. Nothing here leaves the machine: index URLs name a host that
 is never contacted (`*.invalid`), and every fetch goes through the mirror, i.e. the local server.
 
@@ -27,8 +27,8 @@ from duocal_runtime.fetching.prebuilt_index import load_index
 from duocal_runtime.fetching.pull import pull
 from duocal_runtime.profile.upstream import KNOWN_MODELS
 
-from helpers import random_profile, write_pattern
-from http_server import LocalServer, Reply
+from helpers.http_server import LocalServer, Reply
+from helpers.profiles import random_profile, write_pattern
 
 runner = CliRunner()
 COMMIT = "1" * 40

@@ -1,7 +1,7 @@
 """`profiles push` and `hf://` pulls, against a fake Hub on 127.0.0.1.
 
 Approach (the issue allows either): a local HTTP server that answers the few Hub endpoints
-huggingface_hub really calls (tests/fake_hub.py: create repo, validate YAML, preupload, commit,
+huggingface_hub really calls (tests/helpers/fake_hub.py: create repo, validate YAML, preupload, commit,
 resolve), with HF_ENDPOINT pointing at it. So uploads and downloads go through the real
 `HfApi.create_repo` / `upload_folder` / `hf_hub_download` code, its cache (HF_HUB_CACHE in
 tmp_path) and its offline mode (HF_HUB_OFFLINE), and nothing leaves the machine.
@@ -25,9 +25,9 @@ from duocal.reports.plots import scores_heatmap
 from duocal_runtime.fetching.hub import HubRef
 from duocal_runtime.fetching.pull import pull
 
-from fake_hub import FakeHub
-from helpers import random_profile, write_pattern
-from http_server import LocalServer
+from helpers.fake_hub import FakeHub
+from helpers.http_server import LocalServer
+from helpers.profiles import random_profile, write_pattern
 
 runner = CliRunner()
 

@@ -13,7 +13,7 @@ from duocal.cli import app
 from duocal_runtime.files.atomic import write_atomic
 from duocal_runtime.files.output_paths import check_output
 
-from helpers import random_profile
+from helpers.profiles import random_profile
 
 runner = CliRunner()
 

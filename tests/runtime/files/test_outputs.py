@@ -14,7 +14,7 @@ from duocal.eval.passkey_retrieval import PasskeyRow
 from duocal.eval.tables import plot_rows
 from duocal_runtime.files.atomic import write_atomic, write_files_atomic
 
-from helpers import random_profile
+from helpers.profiles import random_profile
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from transformers import GenerationConfig, pipeline
 import duocal_runtime as dr
 from duocal.models import ModelRef
 
-from runtime_models import left_padded_batch
+from helpers.models import left_padded_batch
 
 PLAN = [[dr.SinkWindow(2, 6), dr.H2O(3, 4)], [dr.Full(), dr.SinkH2O(2, 3, 4)]]
 

@@ -10,10 +10,10 @@ from transformers.masking_utils import AttentionMaskInterface
 
 import duocal_runtime as dr
 
-from reference_attention import NAME as REFERENCE
-from reference_attention import DenseReference
-from runtime_models import FAMILIES, left_padded_batch, tiny_model
-from runtime_models import greedy_with_logits as greedy
+from helpers.models import FAMILIES, left_padded_batch, tiny_model
+from helpers.models import greedy_with_logits as greedy
+from helpers.reference_attention import NAME as REFERENCE
+from helpers.reference_attention import DenseReference
 
 
 def all_full(model) -> dr.Plan:
@@ -31,8 +31,8 @@ def test_all_full_plan_matches_the_model_without_duocal(family):
     torch.testing.assert_close(logits, ref_logits, rtol=0, atol=2e-5)
 
 
-def test_sampling_matches_with_the_same_seed():
-    model = tiny_model("llama")
+def test_sampling_matches_with_the_same_seed(tiny_llama):
+    model = tiny_llama
     ids, mask = left_padded_batch([16, 9])
     kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=True, top_k=0, temperature=1.0)
     torch.manual_seed(7)
@@ -68,8 +68,8 @@ def test_bf16_all_full_and_mixed():
     torch.testing.assert_close(logits.float()[compared], ref_logits.float()[compared], rtol=0, atol=0.15)
 
 
-def test_apply_twice_remove_and_apply_another_plan():
-    model = tiny_model("llama")
+def test_apply_twice_remove_and_apply_another_plan(tiny_llama):
+    model = tiny_llama
     ids, mask = left_padded_batch([18])
     before, before_logits = greedy(model, ids, mask)
     impl = model.config._attn_implementation
@@ -96,8 +96,8 @@ def test_apply_twice_remove_and_apply_another_plan():
         model(input_ids=ids, cache=stale)
 
 
-def test_foreign_cache_is_a_clear_error():
-    model = tiny_model("llama")
+def test_foreign_cache_is_a_clear_error(tiny_llama):
+    model = tiny_llama
     ids, mask = left_padded_batch([12])
     with dr.apply(model, all_full(model)):
         for call in (model, model.generate):  # refused before any work
@@ -105,8 +105,8 @@ def test_foreign_cache_is_a_clear_error():
                 call(input_ids=ids, attention_mask=mask, cache=DynamicCache(config=model.config))
 
 
-def test_forward_without_cache_uses_the_plan():
-    model = tiny_model("llama")
+def test_forward_without_cache_uses_the_plan(tiny_llama):
+    model = tiny_llama
     ids, mask = left_padded_batch([30, 22])
     shape = dr.shape_of_config(model.config)
     plan = dr.Plan(shape, [[dr.SinkWindow(2, 5), dr.Full()], [dr.H2O(3, 3), dr.Full()]])
@@ -119,7 +119,7 @@ def test_forward_without_cache_uses_the_plan():
     assert not torch.allclose(no_cache[real], plain[real], atol=1e-3)
 
 
-def test_unsupported_models_and_shapes_are_clear_errors():
+def test_unsupported_models_and_shapes_are_clear_errors(tiny_llama):
     from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
@@ -139,7 +139,7 @@ def test_unsupported_models_and_shapes_are_clear_errors():
     )
     with pytest.raises(ValueError, match="sliding-window"):
         dr.apply(windowed, dr.uniform_plan(shape, dr.Full()))
-    model = tiny_model("llama")
+    model = tiny_llama
     with pytest.raises(dr.PlanError, match="plan is for 3 layers x 2 KV heads.*model has 2 layers x 2 KV heads"):
         dr.apply(model, dr.uniform_plan(dr.ModelShape(3, 4, 2, 16), dr.Full()))
     with pytest.raises(dr.PlanError, match="prefill_chunk_size"):
@@ -150,8 +150,8 @@ def test_unsupported_models_and_shapes_are_clear_errors():
         dr.H2O(heavy=-1, recent=4)
 
 
-def test_reset_cache_gives_a_fresh_start():
-    model = tiny_model("llama")
+def test_reset_cache_gives_a_fresh_start(tiny_llama):
+    model = tiny_llama
     ids, mask = left_padded_batch([14, 10])
     plan = dr.Plan(dr.shape_of_config(model.config), [[dr.SinkWindow(2, 4), dr.H2O(3, 3)]] * 2)
     with dr.apply(model, plan) as runtime:
@@ -164,7 +164,7 @@ def test_reset_cache_gives_a_fresh_start():
 
 
 def test_a_dropped_model_is_freed_and_unregistered():
-    model = tiny_model("llama")
+    model = tiny_model("llama")  # its own, not the fixture's: the test drops the last reference
     runtime = dr.apply(model, all_full(model))  # never removed
     name, alive = runtime.name, weakref.ref(model)
     assert name in AttentionInterface._global_mapping
@@ -174,10 +174,10 @@ def test_a_dropped_model_is_freed_and_unregistered():
     assert name not in AttentionInterface._global_mapping and name not in AttentionMaskInterface._global_mapping
 
 
-def test_a_cache_used_by_attention_that_is_not_its_runtimes_is_refused():
+def test_a_cache_used_by_attention_that_is_not_its_runtimes_is_refused(tiny_llama):
     """Another model given this runtime's cache, or the model switched to sdpa while the runtime is
     applied, would attend to nothing duocal stored (it generated '88888' for '8EVFK'): refused."""
-    a, b = tiny_model("llama"), tiny_model("llama", seed=1)
+    a, b = tiny_llama, tiny_model("llama", seed=1)
     ids, mask = left_padded_batch([12])
     with dr.apply(a, all_full(a)) as runtime:
         with pytest.raises(RuntimeError, match="not its duocal runtime's.*'sdpa'"):
@@ -191,8 +191,8 @@ def test_a_cache_used_by_attention_that_is_not_its_runtimes_is_refused():
                 call()
 
 
-def test_nested_apply_blocks_bring_the_outer_plan_back():
-    model = tiny_model("llama")
+def test_nested_apply_blocks_bring_the_outer_plan_back(tiny_llama):
+    model = tiny_llama
     ids, mask = left_padded_batch([18])
     plain, _ = greedy(model, ids, mask)
     shape = dr.shape_of_config(model.config)
@@ -208,8 +208,8 @@ def test_nested_apply_blocks_bring_the_outer_plan_back():
     assert torch.equal(greedy(model, ids, mask)[0], plain)
 
 
-def test_a_suspended_runtime_removed_inside_the_inner_block_stays_removed():
-    model = tiny_model("llama")
+def test_a_suspended_runtime_removed_inside_the_inner_block_stays_removed(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     impl = model.config._attn_implementation
     with dr.apply(model, dr.uniform_plan(shape, dr.SinkWindow(2, 4))) as outer:

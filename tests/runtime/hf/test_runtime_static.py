@@ -9,11 +9,10 @@ from functools import partial
 
 import pytest
 import torch
-from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
 
-from runtime_models import (
+from helpers.models import (
     cpu_compile_config,
     drive_decode,
     greedy_with_logits,
@@ -21,6 +20,7 @@ from runtime_models import (
     padded_decode_steps,
     tiny_model,
 )
+from helpers.policy_matrix import policy_matrix
 
 MIXED = [
     [dr.SinkWindow(3, 5), dr.H2O(4, 3)],
@@ -49,8 +49,8 @@ def test_static_cache_gives_the_dynamic_cache_tokens(family, lengths):
 
 
 @pytest.mark.parametrize("policy", policy_matrix(bits=16))
-def test_every_policy_static_equals_dynamic_and_holds_its_preallocation(policy):
-    model = tiny_model("llama")
+def test_every_policy_static_equals_dynamic_and_holds_its_preallocation(policy, tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     plan = dr.uniform_plan(shape, policy)
     ids, mask = left_padded_batch([30, 19])
@@ -65,9 +65,9 @@ def test_every_policy_static_equals_dynamic_and_holds_its_preallocation(policy):
     assert int(cache.get_seq_length()) == 30 + 19
 
 
-def test_static_decode_steps_with_padding_tokens_match_the_dynamic_cache():
+def test_static_decode_steps_with_padding_tokens_match_the_dynamic_cache(tiny_llama):
     """A row can feed padding mid-generation (0 in the mask): the static step must skip it."""
-    model = tiny_model("llama")
+    model = tiny_llama
     ids, mask = left_padded_batch([14, 9])
     tokens, new_mask = padded_decode_steps(12, padded=(3, 4, 9))
     with dr.apply(model, mixed_plan(model)) as runtime:
@@ -78,8 +78,8 @@ def test_static_decode_steps_with_padding_tokens_match_the_dynamic_cache():
     torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-5)
 
 
-def test_follow_up_turn_and_chunked_prefill_on_a_static_cache():
-    model = tiny_model("llama")
+def test_follow_up_turn_and_chunked_prefill_on_a_static_cache(tiny_llama):
+    model = tiny_llama
     ids, _ = left_padded_batch([40])
     follow = torch.randint(1, 97, (1, 7), generator=torch.Generator().manual_seed(3))
     plan = mixed_plan(model)
@@ -94,9 +94,9 @@ def test_follow_up_turn_and_chunked_prefill_on_a_static_cache():
 
 
 @pytest.mark.slow
-def test_compiled_static_decode_gives_the_eager_tokens_without_graph_breaks():
+def test_compiled_static_decode_gives_the_eager_tokens_without_graph_breaks(tiny_llama):
     """generate() compiles the decode step by itself for a compileable cache (on CPU when asked to)."""
-    model = tiny_model("llama")
+    model = tiny_llama
     ids, mask = left_padded_batch([14, 9])
     config = cpu_compile_config()
     with dr.apply(model, mixed_plan(model)) as runtime:
@@ -107,8 +107,8 @@ def test_compiled_static_decode_gives_the_eager_tokens_without_graph_breaks():
     torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-4)
 
 
-def test_static_cache_refuses_to_grow_past_max_length():
-    model = tiny_model("llama")
+def test_static_cache_refuses_to_grow_past_max_length(tiny_llama):
+    model = tiny_llama
     ids, mask = left_padded_batch([20])
     with dr.apply(model, mixed_plan(model)) as runtime:
         with pytest.raises(dr.CacheFullError, match="max_length=16"):
@@ -120,15 +120,15 @@ def test_static_cache_refuses_to_grow_past_max_length():
 
 
 @pytest.mark.parametrize("bad", [0, -5, 2.5, "64", True])
-def test_bad_max_length_is_refused(bad):
-    model = tiny_model("llama")
+def test_bad_max_length_is_refused(bad, tiny_llama):
+    model = tiny_llama
     with dr.apply(model, mixed_plan(model)) as runtime:
         with pytest.raises(dr.PlanError, match="max_length"):
             runtime.new_cache(max_length=bad)
 
 
-def test_static_cache_of_a_removed_runtime_is_refused():
-    model = tiny_model("llama")
+def test_static_cache_of_a_removed_runtime_is_refused(tiny_llama):
+    model = tiny_llama
     ids, _ = left_padded_batch([12])
     runtime = dr.apply(model, mixed_plan(model))
     cache = runtime.new_cache(max_length=32)
@@ -139,11 +139,11 @@ def test_static_cache_of_a_removed_runtime_is_refused():
             model.generate(input_ids=ids, max_new_tokens=3, do_sample=False, cache=cache)
 
 
-def test_compiling_the_static_decode_on_an_unsupported_device_says_so(monkeypatch):
+def test_compiling_the_static_decode_on_an_unsupported_device_says_so(monkeypatch, tiny_llama):
     from duocal_runtime.hf import cache as cache_module
 
     monkeypatch.setattr(cache_module, "COMPILE_DEVICES", ("cuda",))  # as if this CPU were such a device
-    model = tiny_model("llama")
+    model = tiny_llama
     with dr.apply(model, mixed_plan(model)) as runtime:
         ids, cache = prefilled_static_cache(model, runtime)
         step = torch.compile(model.forward, fullgraph=True)
@@ -160,7 +160,7 @@ def prefilled_static_cache(model, runtime):
     return ids, cache
 
 
-def test_mixed_layers_move_their_head_indices_to_the_heads_device_at_fixed_addresses(monkeypatch):
+def test_mixed_layers_move_their_head_indices_to_the_heads_device_at_fixed_addresses(monkeypatch, tiny_llama):
     """A layer with several groups indexes its heads; indices left on the CPU put a host-to-device copy
     in every decode step, which CUDA graph capture refuses (generate() crashed on an H200). Every eager
     pass puts them on the heads' device (once), at addresses marked static."""
@@ -168,7 +168,7 @@ def test_mixed_layers_move_their_head_indices_to_the_heads_device_at_fixed_addre
 
     placed, place = [], DuoCacheLayer._place_head_indices
     monkeypatch.setattr(DuoCacheLayer, "_place_head_indices", lambda self, d: placed.append(d) or place(self, d))
-    model = tiny_model("llama")
+    model = tiny_llama
     with dr.apply(model, mixed_plan(model)) as runtime:
         _, cache = prefilled_static_cache(model, runtime)
     assert placed and all(d.type == "cpu" for d in placed), "the prefill did not place the head indices"

@@ -6,11 +6,12 @@ import time
 
 import pytest
 import torch
-from policy_matrix import policy_matrix
 from transformers import ContinuousBatchingConfig, GenerationConfig
 
 import duocal_runtime as dr
 from duocal_runtime.paged.manager import PlanRequestError
+
+from helpers.policy_matrix import policy_matrix
 
 NEW = 10
 MIXED = {  # layer 0 / layer 1 of a 2-layer, 2-KV-head model

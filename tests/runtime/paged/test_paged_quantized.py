@@ -8,7 +8,7 @@ from test_paged_batching import alone, config, gen, join_mid_decode, prompts
 import duocal_runtime as dr
 from duocal_runtime.paged.paged_cache import pool_summary
 
-from runtime_models import tiny_model
+from helpers.models import tiny_model
 
 QUANTIZED = [  # layer 0 / layer 1 of a 2-layer, 2-KV-head model (head_dim 16)
     [dr.Full(kv_bits=8, group=8, residual=16), dr.Full()],

@@ -11,8 +11,8 @@ import duocal_runtime as dr
 from duocal_runtime.planning.mixed import predicted_losses
 from duocal_runtime.profile.measurements import Measurement, kept_name
 
-from reference_attention import NAME, DenseReference
-from runtime_models import left_padded_batch, tiny_model
+from helpers.models import left_padded_batch
+from helpers.reference_attention import NAME, DenseReference
 
 POLICIES = ("full", "sink_window", "h2o")
 
@@ -85,8 +85,8 @@ def test_measurements_at_other_sizes_fall_back_to_the_score_order():
     assert [row[2] for row in losses] == [1 - k for k in profile.measurements["kept:h2o"].flat()]
 
 
-def test_mixed_plan_under_generate_with_padding_matches_the_dense_reference():
-    model = tiny_model("llama")
+def test_mixed_plan_under_generate_with_padding_matches_the_dense_reference(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     rng = random.Random(1)
     deploy = dr.DeployDefaults.of(dr.SinkWindow(2, 5), dr.H2O(3, 4))

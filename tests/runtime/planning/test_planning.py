@@ -3,12 +3,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
 from duocal_runtime.planning.head_order import bounded_order
 
-from helpers import random_profile
+from helpers.policy_matrix import policy_matrix
+from helpers.profiles import random_profile
 
 
 def upstream_full_mask(scores: np.ndarray, sparsity: float) -> np.ndarray:
@@ -168,7 +168,7 @@ def test_old_streaming_names_still_work_with_a_deprecation_warning():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_byte_budget_means_the_bytes_the_applied_cache_holds(dtype):
     """SmolLM2 in fp32 filled ~120 MiB for a 60 MiB plan made in bf16: the plan's dtype must be the model's."""
-    from runtime_models import left_padded_batch, tiny_model
+    from helpers.models import left_padded_batch, tiny_model
 
     model = tiny_model("llama", dtype=dtype)
     profile = random_profile(layers=2, kv_heads=2, heads=4, head_dim=16)
@@ -187,8 +187,7 @@ def test_a_byte_budget_means_the_bytes_the_applied_cache_holds(dtype):
     assert dr.Plan.from_dict(plan.to_dict()).budget_dtype == plan.budget_dtype
 
 
-def test_plans_profiles_and_runtimes_print_on_one_screen():
-    from runtime_models import tiny_model
+def test_plans_profiles_and_runtimes_print_on_one_screen(tiny_llama):
 
     profile = random_profile(layers=30, kv_heads=3, heads=9, head_dim=64)
     plan = dr.plan(profile, sparsity=0.5)
@@ -197,7 +196,7 @@ def test_plans_profiles_and_runtimes_print_on_one_screen():
     assert "full 45" in repr(plan) and "sink_window(sink=64, recent=256) 45" in repr(plan)
     assert plan.summary(context=2048).count("\n") == 3 and "2048 tokens" in plan.summary(context=2048)
     assert profile.summary().count("\n") == 3
-    model = tiny_model("llama")
+    model = tiny_llama
     with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())) as runtime:
         assert repr(runtime).startswith("Runtime(applied to LlamaForCausalLM, Plan(")
     assert repr(runtime).startswith("Runtime(removed")

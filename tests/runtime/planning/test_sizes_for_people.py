@@ -13,7 +13,7 @@ from duocal.cli.app import app
 from duocal.serving.request_checks import too_large
 from duocal_runtime.planning.sizes import bytes_with_count, human_bytes
 
-from helpers import random_profile
+from helpers.profiles import random_profile
 
 READABLE_WITH_COUNT = re.compile(r"\d+\.\d+ (KiB|MiB|GiB) \(\d{1,3}(,\d{3})* bytes\)")
 BARE_BYTES = re.compile(r"(?<![\d,(])\d{4,}(,\d{3})* (bytes|B)\b")

@@ -13,7 +13,7 @@ from transformers import LlamaForCausalLM
 
 import duocal_runtime as dr
 
-from conftest import GOLDEN_H2O
+from helpers.paths import GOLDEN_H2O
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ import dataclasses
 
 import pytest
 import torch
-from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
 from duocal_runtime.policies.base import Step, policy_from_dict
@@ -13,14 +12,14 @@ from duocal_runtime.policies.heavy_hitters import H2OGroup
 from duocal_runtime.quant import attention as QA
 from duocal_runtime.quant import codes as Q
 
-from runtime_models import (
+from helpers.models import (
     cpu_compile_config,
     drive_decode,
     greedy_with_logits,
     left_padded_batch,
     padded_decode_steps,
-    tiny_model,
 )
+from helpers.policy_matrix import policy_matrix
 
 QUANTIZED = [dr.H2O(5, 7, kv_bits=8, group=8), dr.SinkH2O(2, 5, 5, kv_bits=4, group=8)]
 
@@ -80,8 +79,8 @@ def test_quantized_slots_attend_and_evict_as_over_their_dequantized_values(polic
 
 
 @pytest.mark.parametrize("policy", policy_matrix(names=("h2o", "sink_h2o"), quantized=True))
-def test_static_quantized_h2o_gives_the_dynamic_tokens_and_the_plans_bytes(policy):
-    model = tiny_model("llama")
+def test_static_quantized_h2o_gives_the_dynamic_tokens_and_the_plans_bytes(policy, tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     plan = dr.uniform_plan(shape, policy)
     ids, mask = left_padded_batch([30, 19])
@@ -101,8 +100,8 @@ def test_static_quantized_h2o_gives_the_dynamic_tokens_and_the_plans_bytes(polic
     )
 
 
-def test_padded_decode_steps_and_a_follow_up_turn_on_quantized_h2o():
-    model = tiny_model("llama")
+def test_padded_decode_steps_and_a_follow_up_turn_on_quantized_h2o(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     plan = dr.Plan(
         shape, [[QUANTIZED[0], dr.Full(kv_bits=4, group=8, residual=8)], [QUANTIZED[1], dr.SinkWindow(3, 5)]]
@@ -118,8 +117,8 @@ def test_padded_decode_steps_and_a_follow_up_turn_on_quantized_h2o():
 
 
 @pytest.mark.slow
-def test_compiled_static_decode_over_quantized_slots_gives_the_eager_tokens_without_graph_breaks():
-    model = tiny_model("llama")
+def test_compiled_static_decode_over_quantized_slots_gives_the_eager_tokens_without_graph_breaks(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     plan = dr.Plan(
         shape, [[QUANTIZED[0], dr.Full(kv_bits=4, group=8, residual=8)], [QUANTIZED[1], dr.SinkWindow(3, 5)]]
@@ -162,8 +161,8 @@ def test_bad_code_sizes_are_refused(make, message):
         make()
 
 
-def test_codes_that_do_not_fit_the_heads_are_refused():
-    shape = dr.shape_of_config(tiny_model("llama").config)
+def test_codes_that_do_not_fit_the_heads_are_refused(tiny_llama):
+    shape = dr.shape_of_config(tiny_llama.config)
     with pytest.raises(dr.PlanError, match="group 12 does not divide head_dim 16"):
         dr.uniform_plan(shape, dr.H2O(5, 7, kv_bits=8, group=12))
     with pytest.raises(dr.PlanError, match="4-bit codes pack two channels per byte; head_dim 15 is odd"):

@@ -1,18 +1,19 @@
-"""The shared policy matrix (tests/policy_matrix.py) names every registered policy, in every storage it
+"""The shared policy matrix (tests/helpers/policy_matrix.py) names every registered policy, in every storage it
 accepts, so that the tests parametrized over it cover a new policy the day it is registered."""
 
 import dataclasses
 
 import pytest
-from policy_matrix import POLICIES, kv_bits, policy_matrix
 
 from duocal_runtime.policies import POLICIES as REGISTERED
 from duocal_runtime.quant.codes import BITS
 
+from helpers.policy_matrix import POLICIES, kv_bits, policy_matrix
+
 
 def test_every_registered_policy_has_a_line():
     missing = set(REGISTERED) - {p.name for p in POLICIES}
-    assert not missing, f"add a line for {sorted(missing)} to tests/policy_matrix.py"
+    assert not missing, f"add a line for {sorted(missing)} to tests/helpers/policy_matrix.py"
 
 
 @pytest.mark.parametrize("name", sorted(REGISTERED))

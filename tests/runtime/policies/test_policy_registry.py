@@ -12,8 +12,8 @@ import duocal_runtime as dr
 from duocal_runtime.attention import ranks as R
 from duocal_runtime.policies import POLICIES, HeadGroup
 
-from helpers import random_profile
-from runtime_models import left_padded_batch, tiny_model
+from helpers.models import left_padded_batch
+from helpers.profiles import random_profile
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ def registered():
     POLICIES.pop(FirstAndRecent.name)
 
 
-def test_a_policy_defined_in_a_test_file_runs_under_generate(registered):
-    model = tiny_model("llama")
+def test_a_policy_defined_in_a_test_file_runs_under_generate(registered, tiny_llama):
+    model = tiny_llama
     profile = random_profile(layers=2, kv_heads=2, heads=4, head_dim=16)
     plan = dr.plan(profile, sparsity=0.5, policy="first_and_recent", recent=5)
     assert {p for row in plan.policies for p in row} == {dr.Full(), FirstAndRecent(5)}

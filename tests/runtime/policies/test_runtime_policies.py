@@ -2,15 +2,15 @@
 
 import pytest
 import torch
-from policy_matrix import policy_matrix
 from transformers import DynamicCache
 
 import duocal_runtime as dr
 from duocal_runtime.policies.full import full_capacity
 
-from reference_attention import NAME, DenseReference, runtime_kept_ranks
-from runtime_models import drive_decode, left_padded_batch, padded_decode_steps, tiny_model
-from runtime_models import greedy_with_logits as run
+from helpers.models import drive_decode, left_padded_batch, padded_decode_steps, tiny_model
+from helpers.models import greedy_with_logits as run
+from helpers.policy_matrix import policy_matrix
+from helpers.reference_attention import NAME, DenseReference, runtime_kept_ranks
 
 MIXED = [
     [dr.SinkWindow(3, 5), dr.H2O(4, 3)],
@@ -51,8 +51,8 @@ def test_mixed_plan_matches_dense_reference_step_by_step(family, lengths):
                     assert runtime_kept_ranks(cache, layer, b, kvh) == reference.kept_ranks(layer, b, kvh)
 
 
-def test_sink_window_keeps_exactly_sink_and_recent():
-    model = tiny_model("llama")
+def test_sink_window_keeps_exactly_sink_and_recent(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     plan = dr.uniform_plan(shape, dr.SinkWindow(4, 6))
     ids, mask = left_padded_batch([25, 7])
@@ -72,8 +72,8 @@ def test_sink_window_keeps_exactly_sink_and_recent():
 
 @pytest.mark.parametrize("policy", policy_matrix(bits=16))
 @pytest.mark.parametrize("decode", [0, 20])
-def test_stored_bytes_equal_the_analytic_size(policy, decode):
-    model = tiny_model("llama")
+def test_stored_bytes_equal_the_analytic_size(policy, decode, tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     plan = dr.uniform_plan(shape, policy)
     ids, mask = left_padded_batch([30, 30])
@@ -95,8 +95,8 @@ def test_stored_bytes_equal_the_analytic_size(policy, decode):
     assert cache.kv_bytes() <= plan.kv_bytes(seen, batch=2, dtype="float32") * (1.27 if decode else 1)
 
 
-def test_mixed_plan_bytes_and_padding_never_stored():
-    model = tiny_model("llama")
+def test_mixed_plan_bytes_and_padding_never_stored(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     plan = dr.Plan(shape, MIXED)
     ids, mask = left_padded_batch([5, 3])  # shorter than every budget
@@ -122,8 +122,8 @@ def test_left_padded_batch_equals_rows_run_alone(family):
             assert torch.equal(alone[0, n:], batch[row, ids.shape[1] :])
 
 
-def test_follow_up_turn_on_a_reused_cache():
-    model = tiny_model("llama")
+def test_follow_up_turn_on_a_reused_cache(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     ids, _ = left_padded_batch([20])
     follow = torch.randint(1, 97, (1, 7), generator=torch.Generator().manual_seed(3))
@@ -138,8 +138,8 @@ def test_follow_up_turn_on_a_reused_cache():
         assert torch.equal(turn2, fresh)
 
 
-def test_chunked_prefill_same_output_and_bounded_h2o():
-    model = tiny_model("llama")
+def test_chunked_prefill_same_output_and_bounded_h2o(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     ids, mask = left_padded_batch([40, 33])
     plan = dr.Plan(shape, [[dr.SinkWindow(3, 6), dr.Full()]] * 2)
@@ -167,9 +167,9 @@ def test_chunked_prefill_same_output_and_bounded_h2o():
     assert all(g.stored_tokens() == 8 for layer in range(2) for g in cache.head_groups(layer))
 
 
-def test_runtime_kept_sets_use_original_positions():
+def test_runtime_kept_sets_use_original_positions(tiny_llama):
     """Keys are cached after RoPE: the kept rank set after eviction is not renumbered."""
-    model = tiny_model("llama")
+    model = tiny_llama
     plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.SinkWindow(2, 3))
     ids, _ = left_padded_batch([12])
     with dr.apply(model, plan) as runtime:
@@ -179,9 +179,9 @@ def test_runtime_kept_sets_use_original_positions():
     assert cache.get_seq_length() == 15
 
 
-def test_decode_steps_whose_new_token_is_padding_match_the_reference():
+def test_decode_steps_whose_new_token_is_padding_match_the_reference(tiny_llama):
     """Rows can feed padding mid-generation (a 0 in the attention mask): bounded heads skip it."""
-    model = tiny_model("llama")
+    model = tiny_llama
     plan = dr.Plan(dr.shape_of_config(model.config), MIXED)
     ids, mask = left_padded_batch([14, 9])
     tokens, new_mask = padded_decode_steps(8, padded=(3, 4))

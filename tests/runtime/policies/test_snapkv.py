@@ -11,7 +11,7 @@ import duocal_runtime as dr
 from duocal_runtime.attention.ranks import ranks_of_new_tokens
 from duocal_runtime.policies.base import Step
 
-from runtime_models import left_padded_batch, tiny_model
+from helpers.models import left_padded_batch
 
 
 def by_hand(q, k, selected: int, window: int, scaling: float) -> set[int]:
@@ -42,8 +42,8 @@ def test_the_kept_set_is_the_selection_by_hand():
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-def test_generate_with_left_padding_holds_its_budget(static):
-    model = tiny_model("llama")
+def test_generate_with_left_padding_holds_its_budget(static, tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     plan = dr.Plan(shape, [[dr.SnapKV(6, 4), dr.Full()], [dr.SnapKV(8, 4), dr.SinkWindow(2, 6)]])
     ids, mask = left_padded_batch([30, 19])
@@ -58,8 +58,8 @@ def test_generate_with_left_padding_holds_its_budget(static):
     assert all(len(g.kept_ranks(row, 0)) == g.policy.capacity for g in groups for row in (0, 1))
 
 
-def test_snapkv_through_continuous_batching_equals_generate():
-    model = tiny_model("llama")
+def test_snapkv_through_continuous_batching_equals_generate(tiny_llama):
+    model = tiny_llama
     plan = dr.Plan(dr.shape_of_config(model.config), [[dr.SnapKV(6, 4), dr.Full()], [dr.Full(), dr.SnapKV(5, 3)]])
     prompts = [torch.randint(1, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (25, 41, 9)]
     gen = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=-1, pad_token_id=0)
@@ -79,7 +79,7 @@ def test_snapkv_through_continuous_batching_equals_generate():
 
 
 def test_a_profile_deploys_and_plans_snapkv_by_its_own_fields():
-    from helpers import random_profile
+    from helpers.profiles import random_profile
 
     profile = random_profile(layers=2, kv_heads=2, heads=4, head_dim=16).with_deploy(dr.SnapKV(20, 8), policy="snapkv")
     plan = dr.plan(dr.profile_from_dict(profile.to_dict()), sparsity=0.5)
@@ -87,10 +87,10 @@ def test_a_profile_deploys_and_plans_snapkv_by_its_own_fields():
     assert plan.kv_tokens(100) == 2 * 100 + 2 * 28
 
 
-def test_a_first_unpadded_pass_attends_as_the_rank_masked_path_does():
+def test_a_first_unpadded_pass_attends_as_the_rank_masked_path_does(tiny_llama):
     """A first pass without padding attends causally through sdpa; the same tokens beside a padded
     row (each head's ranks masking) give the same outputs and the same kept set."""
-    model = tiny_model("llama")
+    model = tiny_llama
     plan = dr.uniform_plan(dr.shape_of_config(model.config), dr.SnapKV(selected=6, window=4))
     ids, mask = left_padded_batch([30, 24])
     with dr.apply(model, plan) as runtime, torch.no_grad():

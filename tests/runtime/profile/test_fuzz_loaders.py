@@ -14,8 +14,8 @@ import duocal_runtime as dr
 from duocal.calibrate.recipe import Recipe, load_recipe, recipe_from_dict
 from duocal_runtime.profile.upstream import parse_upstream_tsv
 
-from conftest import UPSTREAM_PATTERNS
-from helpers import random_profile
+from helpers.paths import UPSTREAM_PATTERNS
+from helpers.profiles import random_profile
 
 FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 REAL = random_profile(layers=3, kv_heads=2, heads=4, head_dim=8).to_dict()

@@ -7,7 +7,7 @@ from transformers import LlamaConfig
 import duocal_runtime as dr
 from duocal_runtime.profile.format import profile_to_json
 
-from helpers import random_profile
+from helpers.profiles import random_profile
 
 
 def write(tmp_path, data, name="p.json"):

@@ -6,7 +6,7 @@ import pytest
 import duocal_runtime as dr
 from duocal_runtime.profile.upstream import KNOWN_MODELS
 
-from helpers import write_pattern
+from helpers.profiles import write_pattern
 
 
 def test_import_clips_and_records_provenance(tmp_path):

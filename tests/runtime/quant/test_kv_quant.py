@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from policy_matrix import policy_matrix
 
 import duocal_runtime as dr
 from duocal_runtime.policies import full_quantized
@@ -11,8 +10,9 @@ from duocal_runtime.policies.full_quantized import QuantizedFullGroup
 from duocal_runtime.quant import attention as QA
 from duocal_runtime.quant import codes as Q
 
-from helpers import random_profile
-from runtime_models import drive_decode, left_padded_batch, padded_decode_steps, tiny_model
+from helpers.models import drive_decode, left_padded_batch, padded_decode_steps
+from helpers.policy_matrix import policy_matrix
+from helpers.profiles import random_profile
 
 
 def steps_of(q: Q.QuantizedKV, group: int, keys: bool) -> torch.Tensor:
@@ -133,8 +133,8 @@ def forced_logits(model, plan, ids, mask, steps=12):
         return drive_decode(model, ids, mask, cache, tokens, new_mask), cache
 
 
-def test_quantized_decode_stays_close_to_16_bit_and_holds_fewer_bytes():
-    model = tiny_model("llama")
+def test_quantized_decode_stays_close_to_16_bit_and_holds_fewer_bytes(tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     ids, mask = left_padded_batch([90, 70])
     exact, plain_cache = forced_logits(model, dr.uniform_plan(shape, dr.Full()), ids, mask)

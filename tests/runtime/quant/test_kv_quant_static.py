@@ -6,8 +6,8 @@ import torch
 import duocal_runtime as dr
 from duocal_runtime.quant import codes as Q
 
-from runtime_models import cpu_compile_config, drive_decode, left_padded_batch, padded_decode_steps, tiny_model
-from runtime_models import greedy_with_logits as greedy
+from helpers.models import cpu_compile_config, drive_decode, left_padded_batch, padded_decode_steps
+from helpers.models import greedy_with_logits as greedy
 
 
 def quantized_plan(model, bits, group=8, residual=8, streaming=False) -> dr.Plan:
@@ -23,9 +23,9 @@ def quantized_plan(model, bits, group=8, residual=8, streaming=False) -> dr.Plan
     [(8, 8, False), (8, 5, True), (4, 0, False)],
     ids=["residual-a-group", "residual-not-a-multiple-beside-a-window", "no-residual"],
 )
-def test_static_quantized_cache_gives_the_dynamic_cache_tokens(bits, group, residual, streaming):
+def test_static_quantized_cache_gives_the_dynamic_cache_tokens(bits, group, residual, streaming, tiny_llama):
     """Groups are quantized during decode (30 prompt tokens, 30 new, groups of 4-8): static = dynamic."""
-    model = tiny_model("llama")
+    model = tiny_llama
     ids, mask = left_padded_batch([30, 19])
     with dr.apply(model, quantized_plan(model, bits, group, residual, streaming)) as runtime:
         want, want_logits = greedy(model, ids, mask, runtime.new_cache(), 30)
@@ -34,8 +34,8 @@ def test_static_quantized_cache_gives_the_dynamic_cache_tokens(bits, group, resi
     torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-4)
 
 
-def test_static_quantized_decode_with_padding_tokens_matches_the_dynamic_cache():
-    model = tiny_model("llama")
+def test_static_quantized_decode_with_padding_tokens_matches_the_dynamic_cache(tiny_llama):
+    model = tiny_llama
     ids, mask = left_padded_batch([14, 9])
     tokens, new_mask = padded_decode_steps(24, padded=(3, 4, 9, 17))
     with dr.apply(model, quantized_plan(model, 4, group=4, residual=4)) as runtime:
@@ -46,9 +46,9 @@ def test_static_quantized_decode_with_padding_tokens_matches_the_dynamic_cache()
     torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4)
 
 
-def test_follow_up_turn_and_chunked_prefill_on_a_static_quantized_cache():
+def test_follow_up_turn_and_chunked_prefill_on_a_static_quantized_cache(tiny_llama):
     """A second prefill after decode steps reads the residual back out of the ring in order."""
-    model = tiny_model("llama")
+    model = tiny_llama
     ids, _ = left_padded_batch([40])
     follow = torch.randint(1, 97, (1, 11), generator=torch.Generator().manual_seed(3))
     results = []
@@ -62,8 +62,8 @@ def test_follow_up_turn_and_chunked_prefill_on_a_static_quantized_cache():
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_static_quantized_cache_holds_codes_for_max_length_and_a_ring(bits):
-    model = tiny_model("llama")
+def test_static_quantized_cache_holds_codes_for_max_length_and_a_ring(bits, tiny_llama):
+    model = tiny_llama
     shape = dr.shape_of_config(model.config)
     group, residual, max_length = 8, 8, 64
     plan = dr.uniform_plan(shape, dr.Full(kv_bits=bits, group=group, residual=residual))
@@ -93,8 +93,8 @@ def test_static_quantized_bytes_approach_the_analytic_size(bits):
 
 
 @pytest.mark.slow
-def test_compiled_static_quantized_decode_gives_the_eager_tokens_without_graph_breaks():
-    model = tiny_model("llama")
+def test_compiled_static_quantized_decode_gives_the_eager_tokens_without_graph_breaks(tiny_llama):
+    model = tiny_llama
     ids, mask = left_padded_batch([14, 9])
     config = cpu_compile_config()
     with dr.apply(model, quantized_plan(model, 4, group=4, residual=4, streaming=True)) as runtime:

@@ -1,5 +1,5 @@
 """A fake Hugging Face Hub: just the endpoints huggingface_hub calls for create_repo, upload_folder
-and hf_hub_download, answered by tests/http_server.py on 127.0.0.1 (tests point HF_ENDPOINT at it).
+and hf_hub_download, answered by tests/helpers/http_server.py on 127.0.0.1 (tests point HF_ENDPOINT at it).
 
 Endpoints (model repos; every file is a "regular" git file, so no LFS or Xet upload):
     POST /api/repos/create                               -> {"url": ...}
@@ -17,7 +17,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from http_server import Reply, Request
+from helpers.http_server import Reply, Request
 
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 _API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/(?P<op>preupload|commit)/(?P<rev>[^/]+)$")

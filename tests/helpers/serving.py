@@ -1,23 +1,17 @@
-"""Small builders shared by tests."""
+"""A `duocal serve` app on a real socket in this process (so a test sees its pool), and plain HTTP to it."""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
-import random
+import threading
 import time
 
-import numpy as np
+from duocal.serving.startup import ServeSettings, listening_socket, prepare_server, server_url
 
-import duocal_runtime as dr
-
-
-def random_profile(layers=4, kv_heads=2, heads=4, head_dim=8, seed=0, ties=False) -> dr.Profile:
-    rng = random.Random(seed)
-    pick = (lambda: rng.choice([0.0, 0.5, 1.0])) if ties else rng.random
-    scores = [[pick() for _ in range(kv_heads)] for _ in range(layers)]
-    shape = dr.ModelShape(layers, heads, kv_heads, head_dim)
-    return dr.Profile(dr.ModelInfo(shape, "test/model", None, "LlamaForCausalLM"), scores, {"kind": "test"})
+NAME = "duocal/demo-model"
+SMALL_POOL = {"sparsity": 0.5, "num_blocks": 128, "max_batch_tokens": 2048, "page_size": 16}  # the demo model's
 
 
 def pool_is_whole(served, seconds=20) -> bool:
@@ -34,11 +28,7 @@ def pool_is_whole(served, seconds=20) -> bool:
 def served_over_http(settings, log_level="warning", host="127.0.0.1"):
     """`prepare_server(settings)` listening on a free port of `host` from a thread of this process (so a
     test sees the pool): yields (served, pool summary, base URL); stopped within 30 s whatever happens."""
-    import threading
-
     import uvicorn
-
-    from duocal.serving.startup import listening_socket, prepare_server, server_url
 
     served, summary = prepare_server(settings)
     sock = listening_socket(host, 0)
@@ -57,20 +47,22 @@ def served_over_http(settings, log_level="warning", host="127.0.0.1"):
         served.runtime.remove()
 
 
-def write_pattern(folder, gates, model_name="models/Mistral-7B-Instruct-v0.2"):
-    """An upstream DuoAttention pattern folder: `full_attention_heads.tsv` of `gates` and its `config.json`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    np.savetxt(folder / "full_attention_heads.tsv", np.array(gates), delimiter="\t")  # upstream: %.18e, tabs
-    (folder / "config.json").write_text(
-        json.dumps(
-            {
-                "model_name": model_name,
-                "sink_size": 128,
-                "recent_size": 256,
-                "lr": 0.02,
-                "reg_weight": 0.05,
-                "exp_name": "x",
-            }
-        )
-    )
-    return folder
+@contextlib.contextmanager
+def running_server(host="127.0.0.1", **settings):
+    """`served_over_http` of the demo model (SMALL_POOL, unless `settings` say otherwise) on `host`: (ServedModel,
+    pool summary, base URL); stopped within 30 s whatever happens."""
+    with served_over_http(ServeSettings(**{**SMALL_POOL, **settings}), "critical", host) as running:
+        yield running
+
+
+def call(base, method, path, body=None, timeout=60) -> tuple[int, bytes, dict]:
+    """(status, raw body, headers) of one request over a fresh connection (IPv6 bases too)."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
+    data = None if body is None else json.dumps(body).encode()
+    try:
+        connection.request(method, path, data, {"content-type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read(), dict(response.getheaders())
+    finally:
+        connection.close()
