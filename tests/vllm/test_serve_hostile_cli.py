@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from duocal.cli.app import app
 from duocal.serving import vllm_launch
 
-from conftest import PROFILE, profile_of_another_model
+from helpers.vllm_engines import PROFILE, profile_of_another_model
 
 NAME = "smollm2-135m-instruct"
 SHIPPED = json.loads(PROFILE.read_text())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENV
+from helpers.vllm_engines import ENV
 
 PORT = 8764
 NAME = "smollm2-135m-instruct"

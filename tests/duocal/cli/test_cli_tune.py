@@ -13,8 +13,8 @@ from duocal.models import resolve
 from duocal.tuning import tune_curve
 from duocal.tuning.tune_rule import CurvePoint, Rule, choose
 
-from conftest import REPO
-from helpers import random_profile
+from helpers.paths import REPO
+from helpers.profiles import random_profile
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 12  # one token per character: 540 tokens
 

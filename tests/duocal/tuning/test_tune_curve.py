@@ -11,7 +11,7 @@ import duocal_runtime as dr
 from duocal.demo.tokenizer import build_tokenizer
 from duocal.tuning.tune_curve import AnsweredPrompt, TuneWork, answer_scores, measure_curve
 
-from helpers import random_profile
+from helpers.profiles import random_profile
 
 PROMPT = list(range(5, 45))
 ANSWER = [7, 9, 11, 13]
