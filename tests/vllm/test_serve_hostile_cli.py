@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from duocal.cli.app import app
 from duocal.serving import vllm_launch
+from duocal.serving.vllm_args import check_vllm_args
 
 from helpers.vllm_engines import PROFILE, profile_of_another_model
 
@@ -129,14 +130,31 @@ CASES = {
     "an abbreviation of --served-model-name": (lambda t, m: [NAME, "--", "--served-model", "x"], "--served-model-name"),
     "an abbreviation of --port": (lambda t, m: [NAME, "--", "--por=1"], "--port"),
     "a --config file setting the port": (lambda t, m: [NAME, "--", "--config", yaml_file(t, "port: 1\n")], "port"),
-    "a --config file setting the model": (
-        lambda t, m: [NAME, "--", "--config=" + yaml_file(t, "model: other\n")],
-        "model",
+    "a --config file setting the model": (lambda t, m: [NAME, "--", "--config", yaml_file(t, "model: x\n")], "model"),
+    "a --config file setting a Unix socket": (
+        lambda t, m: [NAME, "--", "--config", yaml_file(t, "uds: /tmp/duocal.sock\n")],
+        "uds",
+    ),
+    "a --config file as --config=PATH (vLLM ignores it)": (
+        lambda t, m: [NAME, "--", "--config=" + yaml_file(t, "max-model-len: 1024\n")],
+        "--config PATH",
+    ),
+    "a --config file's KV bytes beside --kv-memory": (
+        lambda t, m: [NAME, "--kv-memory", "2GiB", "--", "--config", yaml_file(t, "kv_cache_memory_bytes: 4G\n")],
+        "not both",
+    ),
+    "a --config file's pipeline parallel 2": (
+        lambda t, m: [NAME, "--", "--config", yaml_file(t, "pipeline_parallel_size: 2\n")],
+        "pipeline",
     ),
     "a --config file that is not YAML": (lambda t, m: [NAME, "--", "--config", yaml_file(t, "a: [\n")], "YAML"),
     "a --config file that is missing": (lambda t, m: [NAME, "--", "--config", str(t / "none.yaml")], "none.yaml"),
     "--host after --": (lambda t, m: [NAME, "--", "--host", "0.0.0.0"], "--host"),
     "--port= after --": (lambda t, m: [NAME, "--", "--port=1"], "--port"),
+    "--uds after -- (vLLM would ignore --host / --port)": (lambda t, m: [NAME, "--", "--uds", "/tmp/s"], "--uds"),
+    "--hf_config_path after --": (lambda t, m: [NAME, "--", "--hf_config_path", str(t)], "--hf-config-path"),
+    "--max-model-len unreadable": (lambda t, m: [NAME, "--", "--max-model-len", "lots"], "--max-model-len"),
+    "--max-model-len a fraction of a binary K": (lambda t, m: [NAME, "--", "--max-model-len", "1.5K"], "max-model"),
     "--engine transformers options": (lambda t, m: [NAME, "--num-blocks", "10"], "--num-blocks"),
     "no model": (lambda t, m: ["--", "--max-model-len", "128"], "needs MODEL"),
     # tensor parallelism
@@ -147,6 +165,11 @@ CASES = {
     "tensor parallel not a number": (lambda t, m: [NAME, "--", "-tp", "two"], "tensor-parallel-size"),
     "tensor parallel without a value": (lambda t, m: [NAME, "--", "--tensor-parallel-size"], "tensor-parallel-size"),
     "pipeline parallel": (lambda t, m: [NAME, "--", "--pipeline-parallel-size", "2"], "pipeline"),
+    "pipeline parallel 1 then 2 (the last wins)": (
+        lambda t, m: [NAME, "--", "--pipeline-parallel-size", "1", "-pp", "2"],
+        "pipeline",
+    ),
+    "pipeline parallel not a number": (lambda t, m: [NAME, "--", "-pp", "two"], "pipeline-parallel-size"),
     # model folders
     "model folder without architectures": (
         lambda t, m: [model_with_config(t / "m", m, drop("architectures")), "--profile", str(PROFILE)],
@@ -262,6 +285,8 @@ ACCEPTED = {
     "kv-memory with a space": ([NAME, "--kv-memory", "2 GiB"], {"VLLM_CPU_KVCACHE_SPACE": "2"}),
     "vLLM's own KV bytes alone": ([NAME, "--", "--kv-cache-memory-bytes", "500000000"], {}),
     "a --config file of other options": ([NAME, "--", "--config", "CONFIG"], {}),
+    "pipeline parallel 01": ([NAME, "--", "-pp", "01"], {}),
+    "pipeline parallel 2 then 1 (the last wins)": ([NAME, "--", "-pp", "2", "--pipeline_parallel_size=1"], {}),
 }
 
 
@@ -289,3 +314,47 @@ def test_vllms_own_kv_bytes_beside_the_kv_space_variable_is_refused(monkeypatch,
     result = CliRunner().invoke(app, ["serve", "--engine", "vllm", NAME, "--", "--kv-cache-memory-bytes", "5e8"])
     assert result.exit_code == 1
     assert (result.stderr or result.output).startswith("error: VLLM_CPU_KVCACHE_SPACE is set in this environment")
+
+
+def launch_argv(vllm_args: tuple[str, ...], model: str = NAME, **settings) -> list[str]:
+    """The server's arguments that duocal puts before the user's own (`vllm_args`)."""
+    argv = vllm_launch.vllm_launch(vllm_launch.VllmServe(model, vllm_args=vllm_args, **settings)).argv
+    assert argv[len(argv) - len(vllm_args) :] == list(vllm_args)
+    return argv[: len(argv) - len(vllm_args)]
+
+
+def test_a_config_files_block_size_and_chunk_cap_are_the_users(tmp_path, no_server_start):
+    """vLLM puts a --config file's options before the command line, so duocal's own would overrule the file's."""
+    assert {"--block-size", vllm_launch.CHUNK_CAP_OPTION} <= set(launch_argv(()))  # what the plan adds by default
+    config = yaml_file(tmp_path, "block_size: 16\nlong_prefill_token_threshold: 32\n")
+    ours = launch_argv(("--config", config))
+    assert "--block-size" not in ours and vllm_launch.CHUNK_CAP_OPTION not in ours
+
+
+@pytest.mark.parametrize("length, cap", [("0.1k", 100), ("1K", 1024), ("96", 96), ("auto", None), ("-1", None)])
+def test_the_chunk_cap_reads_max_model_len_as_vllm_does(length, cap, no_server_start):
+    """vLLM reads --max-model-len with k (1000) and K (1024) suffixes, and auto / -1 as the model's own."""
+    window = chunk_cap(launch_argv(()))
+    assert window > 100  # else the suffixes would not show
+    assert chunk_cap(launch_argv(("--max-model-len", length))) == (window if cap is None else min(window, cap))
+
+
+def chunk_cap(argv: list[str]) -> int:
+    return int(argv[argv.index(vllm_launch.CHUNK_CAP_OPTION) + 1])
+
+
+def test_a_config_json_naming_its_model_is_served(tmp_path, model_folder, no_server_start):
+    """Most Hub models' config.json holds _name_or_path; the model folder's path is the one the plan uses."""
+    folder = model_with_config(tmp_path / "m", model_folder, lambda c: c.update(_name_or_path="someone/model"))
+    assert launch_argv((), model=folder, profile=str(PROFILE))[:1]
+
+
+def test_a_config_files_options_are_read_as_vllm_builds_them(tmp_path):
+    """vLLM's load_config_file: a list's items after the key, a mapping as JSON, true as the switch; the file's
+    options come before the command line's, so the command line's win."""
+    text = "max_num_seqs: 4\nenable-prefix-caching: true\nenforce_eager: false\nallowed-origins: [a, b]\n"
+    config = yaml_file(tmp_path, text + "compilation-config: {level: 0}\nempty: []\n")
+    assert check_vllm_args(("--config", config, "-tp", "2")) == (
+        "--max_num_seqs", "4", "--enable-prefix-caching", "--no-enforce_eager", "--allowed-origins", "a", "b",
+        "--compilation-config", '{"level": 0}', "--config", config, "-tp", "2",
+    )  # fmt: skip

@@ -49,5 +49,5 @@ def test_kv_memory_is_whole_gib():
 def test_options_duocal_sets_are_refused_after_the_separator():
     check_vllm_args(("--max-model-len", "8192", "--enable-prefix-caching"))
     for arg in ("--port=9000", "--served-model-name", "--hf-overrides", "--model"):
-        with pytest.raises(ValueError, match=f"{arg.split('=')[0]} after `--` is duocal's to set"):
+        with pytest.raises(ValueError, match=f"{arg.split('=')[0]} after `--` is duocal's {arg.split('=')[0]} to set"):
             check_vllm_args((arg,))
