@@ -69,6 +69,7 @@ def tune_command(
     from duocal_runtime.files.output_paths import check_output
 
     with user_errors():  # before the imports (seconds), the model and any work
+        check_distinct_files({"--output": output, "--plot": plot, "--data": data})
         check_output(output, "--output")
         if plot is not None:
             check_output(plot, "--plot", suffixes=PLOT_FORMATS)
@@ -106,6 +107,26 @@ def tune_command(
             typer.echo(f"wrote {plot_tune_curve(record, plot)}", err=True)
         except Exception as exc:  # the profile is written: a plot must not fail the command
             typer.echo(f"warning: could not write the plot {plot}: {exc}", err=True)
+
+
+def check_distinct_files(paths: dict[str, Path | None]) -> None:
+    """Refuse two options naming one file (symbolic and hard links followed): an output would replace the
+    other output, or the user's data."""
+    seen: dict[object, str] = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        try:
+            resolved = Path(path).resolve()
+            key = (resolved.stat().st_dev, resolved.stat().st_ino) if resolved.exists() else resolved
+        except (OSError, RuntimeError):  # a symlink loop, a name too long: check_output says so
+            continue
+        if key in seen:
+            raise ValueError(
+                f"{seen[key]} and {option} name the same file ({resolved}): writing one would replace "
+                "the other; give different paths"
+            )
+        seen[key] = option
 
 
 def checked_sparsities(text: str) -> tuple[float, ...]:
