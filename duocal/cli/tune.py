@@ -81,6 +81,7 @@ def tune_command(
     import duocal_runtime as dr
     from duocal.models import ModelRef
     from duocal.reports.tune_report import plot_tune_curve, render_tune_table
+    from duocal.reports.tuned_record import TUNED
     from duocal.tuning.tune_curve import measure_curve, tokenized
     from duocal.tuning.tune_record import tune_record, tuned_profile
     from duocal.tuning.tune_rule import choose
@@ -95,8 +96,11 @@ def tune_command(
         with stderr_progress("tune") as progress:
             points = measure_curve(lm, loaded, work, measured, context, progress)
         dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
-        record = tune_record(chosen_data, rule, points, choose(points, rule), context, dtype, ref.name)
-        dr.save_profile(tuned_profile(loaded, record), output)
+        tuned = tuned_profile(
+            loaded, tune_record(chosen_data, rule, points, choose(points, rule), context, dtype, ref.name)
+        )
+        record = tuned.source[TUNED]  # with the digest of what it describes
+        dr.save_profile(tuned, output)
     if as_json:
         typer.echo(json.dumps(record, indent=2))
     else:
