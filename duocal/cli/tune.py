@@ -69,6 +69,7 @@ def tune_command(
     from duocal_runtime.files.output_paths import check_output
 
     with user_errors():  # before the imports (seconds), the model and any work
+        check_distinct_files({"--output": output, "--plot": plot, "--data": data})
         check_output(output, "--output")
         if plot is not None:
             check_output(plot, "--plot", suffixes=PLOT_FORMATS)
@@ -80,6 +81,7 @@ def tune_command(
     import duocal_runtime as dr
     from duocal.models import ModelRef
     from duocal.reports.tune_report import plot_tune_curve, render_tune_table
+    from duocal.reports.tuned_record import TUNED
     from duocal.tuning.tune_curve import measure_curve, tokenized
     from duocal.tuning.tune_record import tune_record, tuned_profile
     from duocal.tuning.tune_rule import choose
@@ -94,8 +96,11 @@ def tune_command(
         with stderr_progress("tune") as progress:
             points = measure_curve(lm, loaded, work, measured, context, progress)
         dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
-        record = tune_record(chosen_data, rule, points, choose(points, rule), context, dtype, ref.name)
-        dr.save_profile(tuned_profile(loaded, record), output)
+        tuned = tuned_profile(
+            loaded, tune_record(chosen_data, rule, points, choose(points, rule), context, dtype, ref.name)
+        )
+        record = tuned.source[TUNED]  # with the digest of what it describes
+        dr.save_profile(tuned, output)
     if as_json:
         typer.echo(json.dumps(record, indent=2))
     else:
@@ -106,6 +111,26 @@ def tune_command(
             typer.echo(f"wrote {plot_tune_curve(record, plot)}", err=True)
         except Exception as exc:  # the profile is written: a plot must not fail the command
             typer.echo(f"warning: could not write the plot {plot}: {exc}", err=True)
+
+
+def check_distinct_files(paths: dict[str, Path | None]) -> None:
+    """Refuse two options naming one file (symbolic and hard links followed): an output would replace the
+    other output, or the user's data."""
+    seen: dict[object, str] = {}
+    for option, path in paths.items():
+        if path is None:
+            continue
+        try:
+            resolved = Path(path).resolve()
+            key = (resolved.stat().st_dev, resolved.stat().st_ino) if resolved.exists() else resolved
+        except (OSError, RuntimeError):  # a symlink loop, a name too long: check_output says so
+            continue
+        if key in seen:
+            raise ValueError(
+                f"{seen[key]} and {option} name the same file ({resolved}): writing one would replace "
+                "the other; give different paths"
+            )
+        seen[key] = option
 
 
 def checked_sparsities(text: str) -> tuple[float, ...]:

@@ -12,7 +12,8 @@ import duocal_runtime as dr
 from duocal_runtime.planning.sizes import human_bytes
 
 from .terminal import simple_head_box
-from .tune_report import finite_text, tuned_of
+from .tune_report import finite_text
+from .tuned_record import STALE, UNREADABLE, UNVERIFIED, tuned_state
 
 HISTOGRAM_BINS = 10
 
@@ -111,13 +112,14 @@ def profile_summary(
 
 
 def tuned_summary(profile: dr.Profile) -> dict[str, Any] | None:
-    """How `duocal tune` chose the deploy sparsity (its record without the timings), if it did."""
-    record = tuned_of(profile)
+    """How `duocal tune` chose the deploy sparsity (its record without the timings), if it did, and its
+    `state`: current, stale (the profile changed since), unverified (no digest) or unreadable."""
+    record, state = tuned_state(profile)
     if record is None:
-        return None
+        return None if state is None else {"state": state}
     keys = ("at", "data", "context", "dtype", "rule", "chosen_sparsity")
     table = [{k: p.get(k) for k in ("sparsity", "fraction_of_full", "loss", "exact", "total")} for p in record["table"]]
-    return {**{k: record.get(k) for k in keys}, "table": table}
+    return {"state": state, **{k: record.get(k) for k in keys}, "table": table}
 
 
 def policy_text(policy: dict[str, Any] | None) -> str:
@@ -170,12 +172,27 @@ def render_summary(s: dict[str, Any], console: Console | None = None) -> None:
 
 
 def render_tuned(t: dict[str, Any], console: Console) -> None:
-    """Lines that say how `duocal tune` chose the deploy sparsity."""
+    """Lines that say how `duocal tune` chose the deploy sparsity; one line when its record is unreadable
+    or stale (it does not describe this profile)."""
+    if t["state"] == UNREADABLE:
+        console.print("the duocal tune record (source.tuned) is unreadable: run duocal tune again")
+        return
+    if t["state"] == STALE:
+        console.print(
+            f"a duocal tune record ({escape(str(t.get('at')))}, sparsity {t['chosen_sparsity']:g}) is stale: the "
+            "scores, measurements or deploy settings changed since; run duocal tune again to choose on them"
+        )
+        return
     data = t.get("data") or {}
     console.print(
         f"deploy sparsity {t['chosen_sparsity']:g} chosen by duocal tune ({escape(str(t.get('at')))}) on "
         f"{escape(str(data.get('name')))} ({data.get('items')} items, {escape(str(data.get('fingerprint')))})"
     )
+    if t["state"] == UNVERIFIED:
+        console.print(
+            "  unverified: the record predates its profile digest, so a later change of the scores or the "
+            "deploy settings cannot be detected"
+        )
     console.print(f"  rule: {escape(str((t.get('rule') or {}).get('text')))}")
     for p in t["table"]:
         exact = "" if p.get("exact") is None else f", exact {p['exact']}/{p['total']}"

@@ -16,14 +16,6 @@ from duocal_runtime.planning.sizes import byte_unit, human_bytes
 
 from .terminal import simple_head_box, table_console
 
-TUNED = "tuned"  # the key of `duocal tune`'s record in a profile's source
-
-
-def tuned_of(profile) -> dict[str, Any] | None:
-    """The record `duocal tune` left in `profile` (a `dr.Profile`), if any and readable."""
-    record = profile.source.get(TUNED)
-    return record if isinstance(record, dict) and isinstance(record.get("table"), list) else None
-
 
 def loss_label(record: dict[str, Any]) -> str:
     return "log ppl" if record["data"]["kind"] == "text" else "answer loss"

@@ -1,5 +1,6 @@
 """The profile `duocal tune` writes: the input profile with the chosen sparsity as its deploy default and
-the measurement it was chosen on in `source["tuned"]` (data fingerprint, rule, table).
+the measurement it was chosen on in `source["tuned"]` (data fingerprint, rule, table, and the digest of
+the scores, measurements and deploy settings it was measured on, so a later change reads as stale).
 
 `source` is the profile's free-form record of how it was made, so the record needs no new format
 version: every reader of version 3 (and the runtime's `dr.plan`, `duocal serve`, the vLLM engine,
@@ -13,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import duocal_runtime as dr
-from duocal.reports.tune_report import TUNED
+from duocal.reports.tuned_record import DIGEST, TUNED, measured_digest
 
 from .tune_data import TuneData
 from .tune_rule import CurvePoint, Rule
@@ -36,6 +37,7 @@ def tune_record(
 
 
 def tuned_profile(profile: dr.Profile, record: dict[str, Any]) -> dr.Profile:
-    """`profile` deploying `record`'s chosen sparsity, the record in its source (a former one replaced)."""
-    source = {**profile.source, TUNED: record}
-    return replace(profile.with_deploy(sparsity=record["chosen_sparsity"]), source=source)
+    """`profile` deploying `record`'s chosen sparsity, the record in its source (a former one replaced) with
+    the digest of the profile it describes."""
+    deployed = profile.with_deploy(sparsity=record["chosen_sparsity"])
+    return replace(deployed, source={**profile.source, TUNED: {**record, DIGEST: measured_digest(deployed)}})

@@ -150,6 +150,16 @@ BAD = {
     "plot suffix": (["--plot", "{tmp}/curve.txt"], "give a file name ending in .png"),
     "negative tolerance": (["--tolerance", "-1"], "--tolerance"),
     "text shorter than a window": (["--data", "{tmp}/short.txt", "--context", "512"], "fewer than one window"),
+    "output is the plot": (["--output", "{tmp}/c.png", "--plot", "{tmp}/c.png"], "--output and --plot name the same"),
+    "plot links to the output": (["--plot", "{tmp}/alias.png"], "--output and --plot name the same file"),
+    "output is the data": (
+        ["--data", "{tmp}/text.txt", "--context", "64", "--output", "{tmp}/text.txt"],
+        "--output and --data name the same file",
+    ),
+    "output links to the data": (
+        ["--data", "{tmp}/text.txt", "--context", "64", "--output", "{tmp}/data-link.json"],
+        "--output and --data name the same file",
+    ),
 }
 
 
@@ -159,11 +169,13 @@ def test_bad_input_is_refused_before_the_weights_load(case, inputs, tmp_path, mo
         raise AssertionError("the weights were loaded before the arguments were checked")
 
     monkeypatch.setattr(resolve.ModelRef, "load_model", never)
-    model, profile, _ = inputs
+    model, profile, text = inputs
     (tmp_path / "bad.jsonl").write_text('{"prompt": "hi", "answer": "yo"\n')
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "noanswer.jsonl").write_text('{"prompt": "hi", "answer": "yo"}\n{"prompt": "hi"}\n')
     (tmp_path / "short.txt").write_text("too short. ")
+    (tmp_path / "alias.png").symlink_to(tmp_path / "out.json")  # a link to the output, not written yet
+    (tmp_path / "data-link.json").symlink_to(tmp_path / "text.txt")
     args, message = BAD[case]
     base = {"--profile": str(profile), "--output": str(tmp_path / "out.json")}
     given = [a.replace("{tmp}", str(tmp_path)) for a in args]
@@ -176,3 +188,4 @@ def test_bad_input_is_refused_before_the_weights_load(case, inputs, tmp_path, mo
     assert result.exit_code == 1, result.output
     assert "error: " in result.output and message in result.output, result.output
     assert not (tmp_path / "out.json").exists() and profile.read_bytes() == before
+    assert text.read_text() == TEXT and not (tmp_path / "c.png").exists()
