@@ -3,7 +3,8 @@ their scores and the overlap of their top heads (`duocal profiles compare A B`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import duocal_runtime as dr
 from duocal_runtime.planning.head_order import bounded_order

@@ -17,8 +17,9 @@ is deterministic.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import PlanError
 from ..policies import Full, HeadPolicy
