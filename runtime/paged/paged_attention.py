@@ -11,6 +11,7 @@ decode pass is one batched `decode` per group, a prefill chunk is the group's `a
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,11 +39,8 @@ class PagedStep:
 
     @property
     def starts(self) -> list[int]:
-        """Offset of each request's first new token in the packed batch."""
-        out = [0]
-        for n in self.new:
-            out.append(out[-1] + n)
-        return out
+        """Offset of each request's first new token in the packed batch (one per request)."""
+        return list(itertools.accumulate(self.new[:-1], initial=0)) if self.new else []
 
 
 @dataclass(frozen=True)
