@@ -10,23 +10,23 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(sys.executable).parent.parent
 
-PLANTED = '''
+PLANTED = """
 class Backend:
     def forward(self, x):
         return x + 1
 
         def reset(self):  # meant as a method of Backend, indented one level too deep after the return
             self.state = None
-'''
+"""
 
-CLEAN = '''
+CLEAN = """
 class Backend:
     def forward(self, x):
         return x + 1
 
     def reset(self):
         self.state = None
-'''
+"""
 
 
 def unreachable_check(folder: Path) -> str:
