@@ -267,7 +267,7 @@ def test_no_module_imports_a_room_of_its_own_layer_or_a_higher_one():
 TEST_MIRRORS = {"runtime": REPO / "runtime", "duocal": REPO / "duocal"}
 # vllm: the plugin's tests, run in .venv-vllm; data: reference files; helpers: the builders the tests share
 TEST_FOLDERS = {*TEST_MIRRORS, "vllm", "data", "helpers"}
-PROJECT_WIDE_TESTS = {"test_architecture.py", "test_docs.py", "test_packaging.py", "test_real_model.py"}
+PROJECT_WIDE_TESTS = {"test_architecture.py", "test_docs.py", "test_lint.py", "test_packaging.py", "test_real_model.py"}
 
 
 def stray_test_files() -> list[str]:

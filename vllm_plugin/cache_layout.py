@@ -84,7 +84,7 @@ def pack(segments: list[tuple[int, tuple[int, ...]]], columns: int, size: int) -
     placed = whole_packing([len(heads) for _, heads in ordered], columns, size)
     packed: list[list[tuple[int, tuple]]] = [[] for _ in range(columns)]
     if placed is not None:
-        for (layer, heads), column in zip(ordered, placed):
+        for (layer, heads), column in zip(ordered, placed, strict=True):
             packed[column].append((layer, heads))
         return packed
     free = [size] * columns

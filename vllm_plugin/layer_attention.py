@@ -91,7 +91,7 @@ class DuoLayerAttention(nn.Module):
         qs = q.split([n * self.group * self.head_dim for n in self.sizes], dim=-1)
         ks = k.split([n * self.head_dim for n in self.sizes], dim=-1)
         vs = v.split([n * self.head_dim for n in self.sizes], dim=-1)
-        out = torch.cat([call(qc, kc, vc) for call, qc, kc, vc in zip(self.calls, qs, ks, vs)], dim=-1)
+        out = torch.cat([call(qc, kc, vc) for call, qc, kc, vc in zip(self.calls, qs, ks, vs, strict=True)], dim=-1)
         if self.inverse is not None:
             out = out.view(tokens, kv_heads, -1)[:, self.inverse].reshape(tokens, -1)
         return out

@@ -48,7 +48,7 @@ def use_plan(layers, vllm_config: VllmConfig) -> None:
     kv_dtype = kv_cache_dtype_str_to_dtype(vllm_config.cache_config.cache_dtype, vllm_config.model_config)
     check_lone_request_fits(table, vllm_config, stock[0].head_size, kv_dtype)  # this rank's heads, their KV dtype
     layout = cache_layout([[policy_key(spec) for spec in row] for row in table])
-    for layer, attn, duo in zip(layers, stock, build_layers(layout, table, stock, vllm_config)):
+    for layer, attn, duo in zip(layers, stock, build_layers(layout, table, stock, vllm_config), strict=True):
         forget_attention_layer(vllm_config, attn.layer_name)  # no KV cache, no spec for vLLM's own call
         layer.self_attn.attn = duo
 

@@ -15,7 +15,7 @@ from .head_plan import DuoVllmError
 from .vllm_internals import ops
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def page_layout(isa: str, block_size: int, head_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Where the CPU kernel stores token t, channel d of one (block, KV head) page of 2 * block_size *
     head_size elements: (key offsets, value offsets), each [block_size, head_size]."""

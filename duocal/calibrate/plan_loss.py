@@ -42,7 +42,7 @@ class PlanLoss:
         gates[list(full_heads)] = 1.0
         gates = gates.view(self.shape).to(self.device)
         total = torch.zeros((), dtype=torch.float64)
-        for m, (teacher, gating) in zip(self.batches, self.teachers):
+        for m, (teacher, gating) in zip(self.batches, self.teachers, strict=True):
             student = self.objective.hidden(m.input_ids, m.position_ids, gating.student(gates))
             total += float(distill_sum(teacher, student, m.positions)) * m.scale / self.norm
         if dist.is_initialized() and dist.get_world_size() > 1:

@@ -47,7 +47,7 @@ def assign_scores(gates: list[float], order: list[int], step: float = 1e-4) -> l
     values = sorted((gates[i] for i in order), reverse=True)
     scores = list(gates)
     ceiling = float("inf")
-    for head, value in zip(order, values):
+    for head, value in zip(order, values, strict=True):
         value = min(value, ceiling - step)
         scores[head] = max(0.0, value)
         ceiling = value

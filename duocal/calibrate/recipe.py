@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -32,8 +32,8 @@ class Section(BaseModel):
 
 PositiveInt = Annotated[int, Field(ge=1)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
-IntRange = Union[PositiveInt, Annotated[list[PositiveInt], Field(min_length=2, max_length=2)]]
-FractionRange = Union[Fraction, Annotated[list[Fraction], Field(min_length=2, max_length=2)]]
+IntRange = PositiveInt | Annotated[list[PositiveInt], Field(min_length=2, max_length=2)]
+FractionRange = Fraction | Annotated[list[Fraction], Field(min_length=2, max_length=2)]
 
 
 def _ordered(name: str, value: Any) -> None:
@@ -43,13 +43,13 @@ def _ordered(name: str, value: Any) -> None:
 
 class ModelSection(Section):
     name_or_path: str = "demo"  # "demo" = the bundled demo model; or a known name, a folder, a .gguf file, a Hub id
-    revision: Optional[str] = None
+    revision: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the frozen weights' dtype (gates train in fp32)
 
 
 class DataSection(Section):
     format: str = "demo"  # duocal.data.passkey_formats preset: demo | digits | nato
-    haystack: Union[str, dict[str, Any]] = "synthetic"  # synthetic | repeated | a .txt/.jsonl file | {dataset: ...}
+    haystack: str | dict[str, Any] = "synthetic"  # synthetic | repeated | a .txt/.jsonl file | {dataset: ...}
     text_field: str = "text"
     context: IntRange = [256, 1024]  # tokens per sample: an int or [min, max]
     num_passkeys: IntRange = [1, 6]
@@ -82,7 +82,7 @@ class TrainSection(Section):
     min_lr_ratio: Annotated[float, Field(gt=0.0, le=1.0)] = 0.1
     betas: Annotated[list[Annotated[float, Field(ge=0.0, lt=1.0)]], Field(min_length=2, max_length=2)] = [0.9, 0.999]
     seed: int = 0
-    threads: Optional[PositiveInt] = 1  # torch intra-op threads per process (None: leave torch's default)
+    threads: PositiveInt | None = 1  # torch intra-op threads per process (None: leave torch's default)
     activation_checkpointing: bool = False  # recompute decoder layers in backward (long contexts)
 
     @model_validator(mode="after")
@@ -96,7 +96,7 @@ class TrainSection(Section):
 
 
 class DeepSpeedSection(Section):
-    config: Optional[str] = None  # a DeepSpeed JSON config (relative to the recipe); batch sizes are set from train.*
+    config: str | None = None  # a DeepSpeed JSON config (relative to the recipe); batch sizes are set from train.*
     zero_stage: Literal[0, 1, 2, 3] = 0  # 0 (plain data parallel), 1, 2 or 3; overrides the config's stage
     sequence_parallel: PositiveInt = 1  # DeepSpeed Ulysses degree: 1 = off, else = the number of processes
 
@@ -118,8 +118,8 @@ class RankingSection(Section):
 
 class DeploySection(Section):
     sparsity: Fraction = 0.5
-    sink: Optional[PositiveInt] = 16  # streaming heads' sizes written into the profile (None: the calibration sizes)
-    recent: Optional[PositiveInt] = 64
+    sink: PositiveInt | None = 16  # streaming heads' sizes written into the profile (None: the calibration sizes)
+    recent: PositiveInt | None = 64
 
 
 class Recipe(Section):
@@ -131,7 +131,7 @@ class Recipe(Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     ranking: RankingSection = Field(default_factory=RankingSection)
     deploy: DeploySection = Field(default_factory=DeploySection)
-    source: Optional[str] = None  # the file it came from (set by load_recipe)
+    source: str | None = None  # the file it came from (set by load_recipe)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -12,8 +12,9 @@ process gets the same samples (`batches.StepData(sequence_parallel=True)`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -23,7 +23,7 @@ CALIBRATE_EPILOG = """Examples:
 
 def calibrate_command(
     args: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Argument(
             help="RECIPE (a YAML file or shipped recipe name; default: calibrate_demo), then key=value overrides.",
             show_default=False,

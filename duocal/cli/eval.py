@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -53,24 +53,24 @@ def passkey(
     model: ModelOpt = None,
     profile: ProfileOpt = None,
     sparsity: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(help="Fractions of KV heads made bounded (duo, h2o, random, mix; default: the profile's, 0.5)."),
     ] = None,
     rows: RowsOpt = None,
     policies: PoliciesOpt = None,
     contexts: Annotated[
-        Optional[str], typer.Option(help="Context lengths in tokens (default: 2048; the demo model 512,1024).")
+        str | None, typer.Option(help="Context lengths in tokens (default: 2048; the demo model 512,1024).")
     ] = None,
     samples: Annotated[
-        Optional[int], typer.Option(help="Samples per context, the same for every row (default: 8; demo model 40).")
+        int | None, typer.Option(help="Samples per context, the same for every row (default: 8; demo model 40).")
     ] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Sample seed (default: held out from the demo recipe).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sample seed (default: held out from the demo recipe).")] = None,
     sink: SinkOpt = None,
     recent: RecentOpt = None,
     random_seeds: RandomSeedsOpt = 3,
     batch_size: Annotated[int, typer.Option(help="Sequences per generate() call (left padding).")] = 8,
     passkey_format: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--format",
             help="Passkey format: chat (the model's chat template, a question, a free answer scored exact and clean), "
@@ -78,7 +78,7 @@ def passkey(
         ),
     ] = None,
     haystack: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             help="synthetic, repeated, text (the GPL-3.0 text), or a .txt / .jsonl file of filler text; chat takes "
             "repeated, text or a .txt file (default: repeated; the demo model synthetic)."
@@ -87,7 +87,7 @@ def passkey(
     depths: DepthsOpt = CHAT_DEPTHS_TEXT,
     answer_tokens: Annotated[int, typer.Option(help="Chat format: the most tokens of the free answer.")] = 16,
     passkeys: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(help="Needles per sample (1: the classic single-passkey task; default: 1; demo model 1 to 6)."),
     ] = None,
     protocol: Annotated[
@@ -110,7 +110,7 @@ def passkey(
     mix_policies: MixPoliciesOpt = "full,sink_window,h2o",
     as_json: JsonOpt = False,
     plot: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(
             help="Where to write the accuracy vs KV bytes plot (.png/.pdf/.svg; default passkey-eval.png, none with "
             "--json unless given)."
@@ -223,20 +223,18 @@ def ppl(
     model: ModelOpt = None,
     profile: ProfileOpt = None,
     text: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(help="A UTF-8 text file (default: the GPL-3.0 text shipped in duocal/assets/texts)."),
     ] = None,
     context: Annotated[int, typer.Option(help="Tokens per text window.")] = 2048,
     scored: Annotated[
-        Optional[int], typer.Option(help="Tokens scored at the end of each text window (default: half).")
+        int | None, typer.Option(help="Tokens scored at the end of each text window (default: half).")
     ] = None,
     chunk: Annotated[int, typer.Option(help="Scored tokens fed per forward pass (1: token by token).")] = 64,
     text_windows: Annotated[
-        Optional[int], typer.Option(help="Most text windows of CONTEXT tokens taken from the text (default: 4).")
+        int | None, typer.Option(help="Most text windows of CONTEXT tokens taken from the text (default: 4).")
     ] = None,
-    windows: Annotated[
-        Optional[int], typer.Option(hidden=True, help="Old name of --text-windows (deprecated).")
-    ] = None,
+    windows: Annotated[int | None, typer.Option(hidden=True, help="Old name of --text-windows (deprecated).")] = None,
     sparsity: SparsityOpt = "0.5",
     rows: RowsOpt = None,
     policies: PoliciesOpt = None,
@@ -245,7 +243,7 @@ def ppl(
     random_seeds: RandomSeedsOpt = 3,
     kv_bits: KvBitsOpt = "16",
     baselines: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             help="transformers' QuantizedCache rows on the same windows: quanto4, hqq8, hqq4 "
             "(needs optimum-quanto / hqq: pip install -c constraints.txt -e '.[bench]')."

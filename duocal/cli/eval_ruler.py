@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -66,12 +66,12 @@ def ruler(
         ),
     ] = "both",
     haystack: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(help="Plain text for the essay tasks (*_local; default: the GPL-3.0 text in duocal/assets)."),
     ] = None,
     mix_policies: MixPoliciesOpt = "full,sink_window,h2o",
     workers: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             help="Processes that run the generations at once, one thread each (default: the CPU cores; 1 on a GPU)."
         ),

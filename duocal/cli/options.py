@@ -6,27 +6,27 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from duocal.eval import ROW_NAMES
 
 ModelOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         help="A model folder, a .gguf file, or a known name (duocal models list); default: the bundled demo model."
     ),
 ]
 ProfileOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         help="Profile for duo and mix: a file or prebuilt name (default: the one the project ships for the model)."
     ),
 ]
 SparsityOpt = Annotated[str, typer.Option(help="Fractions of KV heads made bounded (duo, h2o, random, mix).")]
 RowsOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         help=f"Evaluation rows, comma-separated, from {','.join(ROW_NAMES)} (default: all but mix; without a "
         "profile also not duo)."
@@ -36,9 +36,9 @@ MixPoliciesOpt = Annotated[
     str,
     typer.Option(help="What the mix row chooses among per head, by the profile's measurements (full and others)."),
 ]
-PoliciesOpt = Annotated[Optional[str], typer.Option(hidden=True, help="Old name of --rows (deprecated).")]
-SinkOpt = Annotated[Optional[int], typer.Option(help="Sink tokens of sink-window heads (default: the profile's).")]
-RecentOpt = Annotated[Optional[int], typer.Option(help="Recent tokens of sink-window heads (default: the profile's).")]
+PoliciesOpt = Annotated[str | None, typer.Option(hidden=True, help="Old name of --rows (deprecated).")]
+SinkOpt = Annotated[int | None, typer.Option(help="Sink tokens of sink-window heads (default: the profile's).")]
+RecentOpt = Annotated[int | None, typer.Option(help="Recent tokens of sink-window heads (default: the profile's).")]
 KvBitsOpt = Annotated[
     str,
     typer.Option(help="Bits full heads store keys and values in, one row each: 16, 8, 4 (KIVI codes below 16)."),

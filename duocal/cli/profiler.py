@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -28,7 +28,7 @@ PROFILER_EPILOG = """Examples:
 
 def profiler_command(
     model: Annotated[
-        Optional[str],
+        str | None,
         typer.Argument(help="A model folder, a .gguf file or a known name (default: the bundled demo model)."),
     ] = None,
     output: Annotated[
@@ -38,18 +38,18 @@ def profiler_command(
     data: Annotated[
         str, typer.Option(help="passkey (needles; gives the retrieval score) or text (--text FILE).")
     ] = "passkey",
-    text: Annotated[Optional[Path], typer.Option(help="A UTF-8 text file, for --data text.")] = None,
+    text: Annotated[Path | None, typer.Option(help="A UTF-8 text file, for --data text.")] = None,
     samples: Annotated[int, typer.Option(help="Samples (text: windows at most) per context.")] = 8,
     contexts: Annotated[str, typer.Option(help="Context lengths in tokens.")] = "1024",
     sink: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             help="Sink tokens of the measured policies (default: the "
             "--scores-from profile's, else the model's usual window)."
         ),
     ] = None,
     recent: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             help="Recent tokens (default: the --scores-from profile's, else "
             "the model's usual window: 16 + 64 for the demo model, the "
@@ -57,7 +57,7 @@ def profiler_command(
         ),
     ] = None,
     passkey_format: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--format",
             help="Passkey format: chat (the model's chat template, a question and its answer written out), digits, "
@@ -66,7 +66,7 @@ def profiler_command(
         ),
     ] = None,
     haystack: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             help="synthetic, repeated, text (chat: the GPL-3.0 text) or a text file (default: repeated for chat, "
             "else synthetic)."
@@ -74,7 +74,7 @@ def profiler_command(
     ] = None,
     depths: DepthsOpt = CHAT_DEPTHS_TEXT,
     score: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             help="What ranks heads: loss (the answer's first-order loss rise when the head alone streams), retrieval "
             "(attention on the needle) or kept (1 - the sink window's kept share) (default: loss for chat, retrieval "
@@ -84,7 +84,7 @@ def profiler_command(
     passkeys: Annotated[int, typer.Option(help="Needles per sample.")] = 1,
     seed: Annotated[int, typer.Option(help="Sample seed.")] = PROFILER_SEED,
     scores_from: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(help="Keep the scores of this profile (e.g. calibrated gates) and add the measurements to them."),
     ] = None,
     protocol: Annotated[

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,7 +21,7 @@ profiles_app = typer.Typer(help="Inspect, validate, convert and fetch profiles."
 
 ProfileArg = Annotated[str, typer.Argument(help="Profile: a JSON file, a pattern directory, or a prebuilt name.")]
 ModelConfigOpt = Annotated[
-    Optional[Path], typer.Option("--model-config", help="A model's config.json (or its folder) to check against.")
+    Path | None, typer.Option("--model-config", help="A model's config.json (or its folder) to check against.")
 ]
 
 
@@ -45,22 +45,22 @@ def default_context(profile: dr.Profile) -> tuple[int, str]:
 @profiles_app.command("show")
 def show(
     profile: ProfileArg,
-    sparsity: Annotated[Optional[float], typer.Option(help="Fraction of KV heads made bounded.")] = None,
+    sparsity: Annotated[float | None, typer.Option(help="Fraction of KV heads made bounded.")] = None,
     context: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             help="Context length for the memory estimate (default: the model's max positions when its config is "
             f"here, else {UNKNOWN_POSITIONS_CONTEXT})."
         ),
     ] = None,
     budget: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             help="KV memory budget at --context ('2GiB', '500MB' or tokens): choose a policy per head to fit it."
         ),
     ] = None,
     policies: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(help="With --budget: the policies heads may get (default: full and the profile's policy)."),
     ] = None,
     dtype: Annotated[
@@ -126,7 +126,7 @@ def import_upstream(
     pattern_dir: Annotated[Path, typer.Argument(help="Folder with full_attention_heads.tsv and config.json.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Profile JSON to write.")],
     model_config: ModelConfigOpt = None,
-    commit: Annotated[Optional[str], typer.Option(help="Upstream commit the pattern came from.")] = None,
+    commit: Annotated[str | None, typer.Option(help="Upstream commit the pattern came from.")] = None,
 ):
     """Convert an upstream DuoAttention pattern directory into a duocal profile."""
     with user_errors():
@@ -154,7 +154,7 @@ def export_upstream(
 def compare(
     first: ProfileArg,
     second: ProfileArg,
-    top: Annotated[Optional[int], typer.Option(help="How many top heads to compare (default: a quarter).")] = None,
+    top: Annotated[int | None, typer.Option(help="How many top heads to compare (default: a quarter).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
 ):
     """How two profiles of one model agree: Spearman's rank correlation and top-head overlap.

@@ -6,7 +6,7 @@ Registered on `profiles_app` by importing this module (see duocal/cli/app.py).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -82,11 +82,11 @@ def pull(
     ref: RefArg,
     force: Annotated[bool, typer.Option("--force", help="Download again even if cached.")] = False,
     offline: Annotated[
-        Optional[bool],
+        bool | None,
         typer.Option("--offline/--online", help="Use only the cache (default: HF_HUB_OFFLINE).", show_default=False),
     ] = None,
     mirror: Annotated[
-        Optional[str], typer.Option(help="Fetch index URLs from BASE_URL + their path (default: DUOCAL_MIRROR).")
+        str | None, typer.Option(help="Fetch index URLs from BASE_URL + their path (default: DUOCAL_MIRROR).")
     ] = None,
 ):
     """Download, verify (sha256), convert if upstream, cache; the last line is the profile's path.
@@ -113,11 +113,11 @@ def push(
         str, typer.Argument(metavar="PROFILE", help="Profile to publish: path, prebuilt name, URL or hf://.")
     ],
     target: Annotated[str, typer.Argument(metavar="TARGET", help="hf://OWNER/REPO (created if missing).")],
-    token: Annotated[Optional[str], typer.Option(help="Hub token (default: HF_TOKEN or `hf auth login`).")] = None,
+    token: Annotated[str | None, typer.Option(help="Hub token (default: HF_TOKEN or `hf auth login`).")] = None,
     private: Annotated[
-        Optional[bool], typer.Option("--private/--public", show_default=False, help="Visibility of a new repo.")
+        bool | None, typer.Option("--private/--public", show_default=False, help="Visibility of a new repo.")
     ] = None,
-    message: Annotated[Optional[str], typer.Option(help="Commit message.")] = None,
+    message: Annotated[str | None, typer.Option(help="Commit message.")] = None,
 ):
     """Publish PROFILE as a Hub repo: profile.json, a README card and a scores heatmap.
 

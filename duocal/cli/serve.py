@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -32,15 +32,15 @@ TRANSFORMERS_ONLY = {"num_blocks": None, "max_batch_tokens": None, "page_size": 
 def serve_command(
     ctx: typer.Context,
     model: Annotated[
-        Optional[str],
+        str | None,
         typer.Argument(help="A model folder, a .gguf file or a known name (default: the bundled demo model)."),
     ] = None,
     profile: ProfileOpt = None,
     sparsity: Annotated[
-        Optional[float], typer.Option(help="Fraction of KV heads made bounded (default: the profile's).")
+        float | None, typer.Option(help="Fraction of KV heads made bounded (default: the profile's).")
     ] = None,
     budget: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             help="KV bytes per request at the model's context instead ('64MiB'): the fewest bounded heads that fit."
         ),
@@ -48,17 +48,17 @@ def serve_command(
     host: Annotated[str, typer.Option(help="Address or name to listen on (IPv6: '::1', '::' for all).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     kv_memory: Annotated[
-        Optional[str], typer.Option(help="KV pool size ('2GiB'); default: sized from free memory by transformers.")
+        str | None, typer.Option(help="KV pool size ('2GiB'); default: sized from free memory by transformers.")
     ] = None,
     num_blocks: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(help="KV pool as transformers counts it: blocks of --page-size tokens of the plain model."),
     ] = None,
     max_batch_tokens: Annotated[
-        Optional[int], typer.Option(help="Tokens per forward pass (default: the model's context, at most 8192).")
+        int | None, typer.Option(help="Tokens per forward pass (default: the model's context, at most 8192).")
     ] = None,
     page_size: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             help="Tokens per page of full heads (default 16, or a multiple of the code group under --kv-bits)."
         ),

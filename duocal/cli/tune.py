@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -37,10 +37,10 @@ def tune_command(
     model: Annotated[str, typer.Argument(help="A model folder, a .gguf file or a known name (duocal models list).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The profile to write (the chosen sparsity deploys).")],
     profile: Annotated[
-        Optional[str], typer.Option(help="Profile to tune: a file or prebuilt name (default: the model's shipped one).")
+        str | None, typer.Option(help="Profile to tune: a file or prebuilt name (default: the model's shipped one).")
     ] = None,
     data: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(
             help="Your data: a .jsonl of conversations with the expected answer (answer loss, exact match of the "
             "greedy answer) or a .txt file (perplexity); default: chat passkey prompts."
@@ -60,7 +60,7 @@ def tune_command(
         typer.Option(help="Tokens KV memory is reported at; also the passkey prompts' and text windows' length."),
     ] = DEFAULT_CONTEXT,
     samples: Annotated[int, typer.Option(help="Passkey prompts, or the most text windows.")] = DEFAULT_SAMPLES,
-    plot: Annotated[Optional[Path], typer.Option(help="Write the curve as a plot (.png, .pdf or .svg).")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write the curve as a plot (.png, .pdf or .svg).")] = None,
     as_json: JsonOpt = False,
 ):
     """Measure quality and KV memory per sparsity on your data, choose the largest sparsity whose quality

@@ -186,7 +186,7 @@ class PasskeyGenerator:
         keys, values = self._draw(rng, count)
         depths = sorted(rng.uniform(*self.depth) for _ in range(count))
         asked = rng.sample(range(count), count) if self.questions == "all" else [rng.randrange(count)]
-        blocks = [(fmt.needle, k, v) for k, v in zip(keys, values)] + [
+        blocks = [(fmt.needle, k, v) for k, v in zip(keys, values, strict=True)] + [
             (fmt.question, keys[i], values[i]) for i in asked
         ]
         encoded = encode_blocks(self.tokenizer, blocks)
@@ -204,7 +204,9 @@ class PasskeyGenerator:
         kinds: list[int] = [TokenKind.PROMPT] * len(ids)
         placed: list[Needle] = []
         used = 0
-        for (needle_ids, key_span, value_span), start, d, k, v in zip(needles, starts, depths, keys, values):
+        for (needle_ids, key_span, value_span), start, d, k, v in zip(
+            needles, starts, depths, keys, values, strict=True
+        ):
             gap = start - (len(ids) - len(self._head))
             ids += hay[used : used + gap]
             kinds += [TokenKind.HAYSTACK] * gap
@@ -219,7 +221,7 @@ class PasskeyGenerator:
         kinds += [TokenKind.PROMPT] * len(self._tail)
         answers = []
         by_key = {n.key: i for i, n in enumerate(placed)}  # needles are placed in depth order
-        for i, (question_ids, _, (a, b)) in zip(asked, questions):
+        for i, (question_ids, _, (a, b)) in zip(asked, questions, strict=True):
             at = len(ids)
             ids += question_ids
             kinds += [TokenKind.QUESTION] * len(question_ids)
@@ -256,7 +258,7 @@ def needle_starts(depths: Sequence[float], lengths: Sequence[int], filler: int) 
     """
     room = filler + sum(lengths)
     starts, cursor, rest = [], 0, sum(lengths)
-    for depth, length in zip(depths, lengths):
+    for depth, length in zip(depths, lengths, strict=True):
         start = min(max(round(depth * (room - length)), cursor), room - rest)
         starts.append(start)
         cursor, rest = start + length, rest - length

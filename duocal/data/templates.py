@@ -39,11 +39,11 @@ def encode_blocks(tokenizer: Any, blocks: list[tuple[str, str, str]]):
         texts += [text[:c] for c in bounds] + [text]
     encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"])
     out = []
-    for (text, spans), bounds in zip(rendered, cuts):
+    for (text, spans), bounds in zip(rendered, cuts, strict=True):
         prefixes = [list(next(encoded)) for _ in bounds]
         ids = list(next(encoded))
         token_at = {0: 0, len(text): len(ids)}
-        for c, prefix in zip(bounds, prefixes):
+        for c, prefix in zip(bounds, prefixes, strict=True):
             if ids[: len(prefix)] != prefix:
                 raise ValueError(
                     f"the tokenizer splits the passkey markers: in {text!r} a token crosses the boundary between "

@@ -132,7 +132,7 @@ def answer_batch(model, tokenizer, runtime, asked: list[ChatPrompt], new_tokens:
         pad_token_id=pad,
     )
     texts = tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
-    return [ChatAnswer(p.haystack, p.key, text.strip()) for p, text in zip(asked, texts)], cache.kv_bytes()
+    return [ChatAnswer(p.haystack, p.key, text.strip()) for p, text in zip(asked, texts, strict=True)], cache.kv_bytes()
 
 
 def tally(answers: list[ChatAnswer]) -> dict[str, tuple[int, int, int]]:

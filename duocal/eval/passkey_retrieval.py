@@ -194,13 +194,13 @@ def run_plan(
         if protocol == "query-aware":
             for batch in work.batches:
                 answers, nbytes = greedy_answers(model, runtime, batch, pad_id)
-                hits += [got == want for got, want in zip(answers, batch.answers)]
+                hits += [got == want for got, want in zip(answers, batch.answers, strict=True)]
                 measured = max(measured, nbytes // len(batch.answers))
                 tick(len(batch.answers))
         else:
             for sample in work.samples:
                 asked = ASK_AFTER[protocol](model, runtime, sample)
-                hits += [got == want.ids for got, want in zip(asked.answers, sample.answers)]
+                hits += [got == want.ids for got, want in zip(asked.answers, sample.answers, strict=True)]
                 measured = max(measured, asked.kv_bytes)
                 tick(len(sample.answers))
     return hits, measured

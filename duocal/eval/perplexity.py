@@ -219,15 +219,15 @@ def evaluate_perplexity(
     ]
     total, done = (sum(len(r.plans) for r in planned) + len(config.baselines)) * len(windows), 0
     rows = []
+
+    def tick(label: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, label)
+
     for label, run in jobs:
-
-        def tick():
-            nonlocal done
-            done += 1
-            if progress is not None:
-                progress(done, total, label)
-
-        rows.append(run(tick))
+        rows.append(run(functools.partial(tick, label)))
         if hasattr(progress, "row"):  # the CLI's progress prints each row as it finishes
             r = rows[-1]
             progress.row(f"{label}: ppl {r.ppl:.3f}, KV {r.fraction_of_full:.0%} of full ({r.seconds:.0f} s)")

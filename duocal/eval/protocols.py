@@ -82,7 +82,7 @@ def greedy_answers(model, runtime, batch: Batch, pad_id: int) -> tuple[list[tupl
         pad_token_id=pad_id,
     )
     new = out[:, batch.input_ids.shape[1] :].tolist()  # [B, new tokens]
-    return [tuple(row[: len(a)]) for row, a in zip(new, batch.answers)], cache.kv_bytes()
+    return [tuple(row[: len(a)]) for row, a in zip(new, batch.answers, strict=True)], cache.kv_bytes()
 
 
 @dataclass(frozen=True)

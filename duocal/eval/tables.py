@@ -146,7 +146,7 @@ def plot_rows(rows: Sequence[PasskeyRow], path: str | Path, title: str | None = 
     spare = iter(f"C{i}" for i in range(5, 100))
     base = {row_name(r): r.row for r in rows}
     styles = {k: ROWS[base[k]].style if base[k] in ROWS and k == base[k] else (next(spare), "D") for k in kinds}
-    for ax, context in zip(axes[0], contexts):
+    for ax, context in zip(axes[0], contexts, strict=True):
         span = max(r.kv_bytes for r in rows if r.context == context) / size
         for n, kind in enumerate(kinds):
             points = sorted((r for r in rows if r.context == context and row_name(r) == kind), key=lambda r: r.kv_bytes)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import io
 import os
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, Union
 
 import duocal_runtime as dr
 from duocal_runtime.files.atomic import write_atomic
 
-Scores = Union[dr.Profile, Sequence[Sequence[float]]]
+Scores = dr.Profile | Sequence[Sequence[float]]
 
 
 def _matrix(scores: Scores) -> list[list[float]]:

@@ -3,7 +3,8 @@ their scores and the overlap of their top heads (`duocal profiles compare A B`).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import duocal_runtime as dr
 from duocal_runtime.planning.head_order import bounded_order
@@ -30,7 +31,7 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
         raise ValueError("spearman needs two sequences of the same length, at least 2")
     ra, rb = average_ranks(a), average_ranks(b)
     ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
     var_a, var_b = sum((x - ma) ** 2 for x in ra), sum((y - mb) ** 2 for y in rb)
     return cov / (var_a * var_b) ** 0.5 if var_a and var_b else 0.0
 

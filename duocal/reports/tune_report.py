@@ -69,7 +69,7 @@ def plot_tune_curve(record: dict[str, Any], path: str | Path) -> Path:
     unit, size = byte_unit(full["kv_bytes"])
     fig = Figure(figsize=(5.2 * len(panels), 4.2))
     FigureCanvasAgg(fig)
-    for ax, (key, label) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+    for ax, (key, label) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels, strict=True):
         x = [p["kv_bytes"] / size for p in points]
         ax.plot(x, [p[key] for p in points], marker="o", color="tab:blue", label="profile at each sparsity")
         for p in points:

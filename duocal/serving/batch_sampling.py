@@ -93,7 +93,7 @@ def shaped(scores: torch.Tensor, row: Row) -> torch.Tensor:
     s, long = row.settings, {"dtype": torch.int64, "device": scores.device}
     prompt, answer = row.prompt_and_answer()
     if s.logit_bias:
-        ids, biases = zip(*s.logit_bias)
+        ids, biases = zip(*s.logit_bias, strict=True)
         scores = lp.add_bias(scores, torch.tensor(ids, **long), torch.tensor(biases, device=scores.device))
     eos = row.eos_ids()
     if len(answer) < s.min_tokens and eos:

@@ -10,8 +10,9 @@ per request: sampling_settings.py reads them, batch_sampling.py applies them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .api_errors import ApiError
 from .sampling_settings import EXTENSION_FIELDS

@@ -137,16 +137,17 @@ def measure_curve(
     wanted = sorted({0.0, *sparsities})
     total, done = len(wanted) * work.items, 0
     points = []
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        progress(done, total, what)
+
     for sparsity in wanted:
         what = "full attention" if sparsity == 0 else f"sparsity {sparsity:g}"
-
-        def tick():
-            nonlocal done
-            done += 1
-            progress(done, total, what)
-
         progress(done, total, what)
-        points.append(point(model, sparsity, dr.plan(profile, sparsity=sparsity), work, context, tick))
+        tick_this = functools.partial(tick, what)
+        points.append(point(model, sparsity, dr.plan(profile, sparsity=sparsity), work, context, tick_this))
         if hasattr(progress, "row"):
             progress.row(point_line(points[-1]))
     return points

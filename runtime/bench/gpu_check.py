@@ -12,6 +12,7 @@ Prints one line per check; exits 1 when a check fails.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -91,8 +92,8 @@ def decode_layouts() -> str:
         q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(1, 8, keys, 128, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
-        hf = time_call(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-        rows = time_call(lambda: F.scaled_dot_product_attention(q.view(1, 8, 4, 128), k, v))
+        hf = time_call(functools.partial(F.scaled_dot_product_attention, q, k, v, enable_gqa=True))
+        rows = time_call(functools.partial(F.scaled_dot_product_attention, q.view(1, 8, 4, 128), k, v))
         lines.append(f"decode layout @ {keys}: enable_gqa {hf:.3f} ms, rows-of-kv-head {rows:.3f} ms")
     return "; ".join(lines)
 

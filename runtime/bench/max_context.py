@@ -31,7 +31,7 @@ def table(shape: dr.ModelShape, memories: list[str], sparsities: list[float], bi
         for sparsity in sparsities:
             made = dr.plan(profile, sparsity=sparsity, sink=64, recent=256, kv_bits=kv_bits)
             cells = [made.max_context(memory, dtype=dtype) for memory in memories]
-            rows.append((kv_bits, sparsity, [(c, c / b) for c, b in zip(cells, base)]))
+            rows.append((kv_bits, sparsity, [(c, c / b) for c, b in zip(cells, base, strict=True)]))
     return rows
 
 

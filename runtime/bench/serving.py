@@ -19,6 +19,7 @@ Before the timed rows each plan prefills the workload's prompt lengths once (com
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -119,7 +120,7 @@ def summarise(row: str, results, held: int, seconds: float, kv_bytes: float) -> 
         tokens += len(out.generated_tokens)
         if stamps:
             ttft.append(stamps[0] - out.created_time)
-            itl += [b - a for a, b in zip(stamps, stamps[1:])]
+            itl += [b - a for a, b in itertools.pairwise(stamps)]
     return RowResult(
         row,
         kv_bytes,

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ProfileError
@@ -105,7 +105,7 @@ class PathSource:
     path: Path
 
 
-Source = Union[IndexEntry, UrlSource, HubRef, PathSource]
+Source = IndexEntry | UrlSource | HubRef | PathSource
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ class DuoCacheLayer(CacheLayerMixin):
         if not torch.compiler.is_compiling():
             self._place_head_indices(q.device)
         out = q.new_empty(q.shape)
-        for group, (kv_idx, q_idx) in zip(self.groups, self._indices):
+        for group, (kv_idx, q_idx) in zip(self.groups, self._indices, strict=True):
             out[:, q_idx] = method(group)(q[:, q_idx], k[:, kv_idx], v[:, kv_idx], step)
         return out
 

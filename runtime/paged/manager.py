@@ -100,7 +100,7 @@ class DuoBatchingManager(ContinuousBatchingManager):
         eos = self.generation_config.eos_token_id
         eos = self.model.config.eos_token_id if eos is None else eos
         ids = [f"req_{first + i}" for i in range(len(inputs))]
-        for request_id, input_ids in zip(ids, inputs):
+        for request_id, input_ids in zip(ids, inputs, strict=True):
             try:
                 self.add_request(input_ids, request_id, max_new_tokens, streaming, record_timestamps, eos, **kwargs)
             except PlanRequestError as error:

@@ -11,6 +11,7 @@ decode pass is one batched `decode` per group, a prefill chunk is the group's `a
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,11 +39,8 @@ class PagedStep:
 
     @property
     def starts(self) -> list[int]:
-        """Offset of each request's first new token in the packed batch."""
-        out = [0]
-        for n in self.new:
-            out.append(out[-1] + n)
-        return out
+        """Offset of each request's first new token in the packed batch (one per request)."""
+        return list(itertools.accumulate(self.new[:-1], initial=0)) if self.new else []
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ def attend_pass(layer: PagedLayerPass, query, key, value, scaling: float) -> tor
 def history_spans(layer: PagedLayerPass) -> list[tuple[int, int]]:
     """[start, end) of each request's keys in `layer.full_k` (its whole history, or only its new tokens)."""
     spans, start = [], 0
-    for past, new in zip(layer.step.past, layer.step.new):
+    for past, new in zip(layer.step.past, layer.step.new, strict=True):
         length = past + new if layer.history_read else new
         spans.append((start, start + length))
         start += length
@@ -109,7 +107,7 @@ def attend_full(layer: PagedLayerPass, q, scaling: float) -> torch.Tensor:
     if step.decode_only:
         return decode_full(q, keys, values, spans, scaling)
     out = torch.empty_like(q)
-    for (k0, k1), t0, past, new in zip(spans, step.starts, step.past, step.new):
+    for (k0, k1), t0, new in zip(spans, step.starts, step.new, strict=True):
         k, v = keys[:, :, k0:k1], values[:, :, k0:k1]
         seen = k1 - k0 - new  # keys before this request's first new token
         if seen == 0:
@@ -150,7 +148,7 @@ def attend_bounded(layer: PagedLayerPass, g: int, policy, kv_heads, q, k, v, sca
             views[name][0].index_copy_(0, blocks[name], value)
         return out[:, :, 0].transpose(0, 1)[None]
     out = torch.empty_like(q)
-    for i, (t0, past, new) in enumerate(zip(step.starts, step.past, step.new)):
+    for i, (t0, past, new) in enumerate(zip(step.starts, step.past, step.new, strict=True)):
         blocks = {name: step.bounded_blocks[i : i + 1, chunk] for name, (_, chunk) in views.items()}
         group.load_state({name: view.index_select(0, blocks[name]) for name, (view, _) in views.items()})
         ranks = past + torch.arange(new, device=q.device)[None]

@@ -238,7 +238,7 @@ class DuoPagedCache(PagedAttentionCache):
         if pages is not None:  # every token's page row, each request's history then its new tokens
             read = kwargs["read_index"][pages.index]
             step.page_rows = read if read.numel() else kwargs["write_index"][pages.index]  # fresh prefills only
-            lengths = torch.tensor([p + n for p, n in zip(step.past, step.new)], device=device)
+            lengths = torch.tensor([p + n for p, n in zip(step.past, step.new, strict=True)], device=device)
             step.row_starts = torch.cumsum(lengths, 0) - lengths
         return step
 

@@ -145,7 +145,7 @@ def slot_fields(states: dict[tuple[int, int], dict[str, torch.Tensor]], unit: in
     where = pack(sizes, block)
     fields = [
         SlotField(layer, group, name, tuple(t.shape[1:]), t.dtype, *spot)
-        for ((layer, group), name, t), spot in zip(items, where)
+        for ((layer, group), name, t), spot in zip(items, where, strict=True)
     ]
     return fields, block, 1 + max(c for c, _ in where)
 

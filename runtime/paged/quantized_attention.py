@@ -139,7 +139,7 @@ def attend_quantized(layer, g: int, policy, kv_heads, q, k, v, scaling: float) -
     if step.decode_only:
         return group.decode(q, k, v, scaling)
     out = torch.empty_like(q)
-    for i, (t0, new) in enumerate(zip(step.starts, step.new)):
+    for i, (t0, new) in enumerate(zip(step.starts, step.new, strict=True)):
         span = slice(t0, t0 + new)
         out[:, :, span] = group.prefill(i, q[:, :, span], k[:, :, span], v[:, :, span], scaling)
     return out

@@ -17,8 +17,9 @@ is deterministic.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import PlanError
 from ..policies import Full, HeadPolicy
@@ -109,7 +110,7 @@ def predicted_losses(profile, policies: Sequence[HeadPolicy]) -> tuple[tuple[flo
             columns.append([1.0 - k for k in measured.flat()])
         else:
             columns.append(list(scores))
-    return tuple(zip(*columns))
+    return tuple(zip(*columns, strict=True))
 
 
 def choose_mix(losses, costs: Sequence[int], budget: float) -> list[int]:

@@ -18,8 +18,9 @@ heads — the result is identical to upstream's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 from ..checks import require_count, require_instance, warn_renamed
 from ..errors import PlanError

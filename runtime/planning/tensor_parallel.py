@@ -37,7 +37,7 @@ def balanced_full_heads(scores, tp_size: int, num_full: int) -> set[tuple[int, i
         ranked.append([sorted(shard, key=lambda h, row=row: (-row[h], h)) for shard in shards(len(row), tp_size)])
     units = [
         (-sum(row[ranks[r][j]] for r in range(tp_size)), j, layer)
-        for layer, (row, ranks) in enumerate(zip(scores, ranked))
+        for layer, (row, ranks) in enumerate(zip(scores, ranked, strict=True))
         for j in range(len(ranks[0]))
     ]
     chosen = sorted(units)[: math.ceil(num_full / tp_size)]

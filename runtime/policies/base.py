@@ -108,7 +108,7 @@ class HeadPolicy(ABC):
         """Bytes one KV head holds (keys and values) after `seq_len` real tokens."""
         return plain_bytes(self.tokens_kept(seq_len), head_dim, dtype_bytes)
 
-    def check_head_dim(self, head_dim: int) -> None:
+    def check_head_dim(self, head_dim: int) -> None:  # noqa: B027 (an optional hook: most policies store any width)
         """Raise `PlanError` if the policy cannot store heads of `head_dim` channels (all can, by default)."""
 
     def sizes(self) -> dict[str, int]:

@@ -116,7 +116,9 @@ class StaticQuantizedFullGroup(QuantizedFullGroup):
         keys = Q.quantize_keys(self.k.index_select(2, slots), p.kv_bits, p.group, valid)
         values = Q.quantize_values(self.v.index_select(2, slots), p.kv_bits, p.group)
         group_index = (quantized // p.group).view(1)
-        for name, part in zip(PARTS, (keys.codes, keys.scale, keys.zero, values.codes, values.scale, values.zero)):
+        for name, part in zip(
+            PARTS, (keys.codes, keys.scale, keys.zero, values.codes, values.scale, values.zero), strict=True
+        ):
             getattr(self, name).index_copy_(2, group_index if name in ("k_scale", "k_zero") else positions, part)
 
     def fill(self, batch, context, head_dim, dtype, device):

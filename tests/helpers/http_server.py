@@ -21,9 +21,9 @@ import collections
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Reply:
     body: bytes = b""
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
-    fault: Optional[str] = None  # None | "truncate" | "reset" | "stall" | "stall_body" | "trickle"
+    fault: str | None = None  # None | "truncate" | "reset" | "stall" | "stall_body" | "trickle"
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Request:
     body: bytes
 
 
-App = Callable[[Request], Optional[Reply]]
+App = Callable[[Request], Reply | None]
 
 
 class LocalServer:

@@ -118,7 +118,7 @@ def drive_decode(model, ids, mask, cache, tokens, new_mask):
     """Prefill, then feed `tokens` one step at a time with their mask column; last logits per step [B, 1 + steps, V]."""
     m, logits = mask.clone(), [model(input_ids=ids, attention_mask=mask, cache=cache).logits[:, -1]]
     pos = mask.cumsum(1)[:, -1:] - 1
-    for token, nm in zip(tokens, new_mask):
+    for token, nm in zip(tokens, new_mask, strict=True):
         m, pos = torch.cat([m, nm], 1), pos + nm
         logits.append(model(input_ids=token, attention_mask=m, cache=cache, position_ids=pos).logits[:, -1])
     return torch.stack(logits, 1)

@@ -128,6 +128,6 @@ def test_the_table_vllm_runs_at_075_moves_the_best_scored_streaming_head_to_full
     vllm_config = engine_config(model_folder, 0.75, threshold=512)
     planned = load_head_table(vllm_config.model_config.hf_config, 128, dtype=torch.float32)
     fitted = vllm_head_table(vllm_config.model_config.hf_config, vllm_config)
-    moved = [(layer, a.kv_head) for layer, (old, new) in enumerate(zip(planned, fitted)) for a, b in zip(old, new)
-             if a != b]  # fmt: skip
+    pairs = enumerate(zip(planned, fitted, strict=True))
+    moved = [(layer, a.kv_head) for layer, (old, new) in pairs for a, b in zip(old, new, strict=True) if a != b]
     assert len(moved) == 1 and all(not planned[i][h].is_full and fitted[i][h].is_full for i, h in moved)

@@ -58,7 +58,7 @@ def make_batch(cases, sink, recent, block_size, kv_heads, heads, dtype, seed=0):
 def reference(query, common, keys, values, sink, recent):
     """Dense sdpa over each request's own keys, masked by duocal's `SinkWindow.sees`, in float32."""
     policy, outs, starts = SinkWindow(sink=sink, recent=recent), [], common.query_start_loc.tolist()
-    for r, (k, v) in enumerate(zip(keys, values)):
+    for r, (k, v) in enumerate(zip(keys, values, strict=True)):
         q = query[starts[r] : starts[r + 1]].float().transpose(0, 1)  # [H, n, D]
         seq, n = k.shape[0], q.shape[1]
         mask = policy.sees(torch.arange(seq - n, seq)[:, None], torch.arange(seq)[None, :])

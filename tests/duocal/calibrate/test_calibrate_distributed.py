@@ -43,7 +43,7 @@ def calibrate(out, *args, nproc=1, launcher="torchrun"):
 
 def close(a, b, tol=1e-5):
     flat = lambda m: [x for row in m for x in row]  # noqa: E731
-    return max(abs(x - y) for x, y in zip(flat(a), flat(b))) <= tol
+    return max(abs(x - y) for x, y in zip(flat(a), flat(b), strict=True)) <= tol
 
 
 def test_zero3_on_two_processes_gives_the_gates_of_one(tiny_llama_folder, tmp_path):

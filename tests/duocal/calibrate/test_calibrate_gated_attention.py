@@ -36,7 +36,9 @@ def test_blocked_streaming_matches_dense_reference(t, sink, recent, block, h, g)
     assert got.shape == want.shape == (2, h, t, 8)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     upstream = torch.randn_like(got)
-    for a, b in zip(torch.autograd.grad(got, (q, k, v), upstream), torch.autograd.grad(want, (q, k, v), upstream)):
+    for a, b in zip(
+        torch.autograd.grad(got, (q, k, v), upstream), torch.autograd.grad(want, (q, k, v), upstream), strict=True
+    ):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 
 import pytest
@@ -102,7 +103,7 @@ def test_same_seed_same_samples_other_seed_differs(chars):
     a, b, c = make(7), make(7), make(8)
     assert [s for s in a.samples(5)] == [s for s in b.samples(5)]
     assert a[3] == b[3]  # random access gives the same sample as iteration
-    assert all(x.input_ids != y.input_ids for x, y in zip(a.samples(5), c.samples(5)))
+    assert all(x.input_ids != y.input_ids for x, y in zip(a.samples(5), c.samples(5), strict=True))
     assert a[0].input_ids != a[1].input_ids
 
 
@@ -139,7 +140,7 @@ def test_needles_at_requested_depths(chars):
         for needle in s.needles:
             assert 0.2 <= needle.depth <= 0.6
             assert 0.2 - 0.05 <= (needle.start - 1) / (context_end - 1) <= 0.6 + 0.05
-        assert all(p.end <= q.start for p, q in zip(s.needles, s.needles[1:]))  # ordered, no overlap
+        assert all(p.end <= q.start for p, q in itertools.pairwise(s.needles))  # ordered, no overlap
         assert all(s.kinds[t] == TokenKind.NEEDLE for n in s.needles for t in range(n.start, n.end))
 
 
@@ -167,7 +168,7 @@ def test_haystack_from_text_jsonl_and_dataset(chars, tmp_path):
     for source, expected in cases:
         gen = PasskeyGenerator(chars, context_length=600, num_passkeys=2, format="demo", haystack=source, seed=1)
         s = gen[0]
-        hay = chars.decode([t for t, k in zip(s.input_ids, s.kinds) if k == TokenKind.HAYSTACK])
+        hay = chars.decode([t for t, k in zip(s.input_ids, s.kinds, strict=True) if k == TokenKind.HAYSTACK])
         assert len(hay) == 600 - 1 - 2 * 8 - 8  # BOS, two needles, one question
         assert expected in hay
         assert "says hello" not in hay or source in (jsonl, dataset)
@@ -178,7 +179,7 @@ def test_synthetic_filler_is_words_from_its_lexicon(chars):
     assert len(set(filler.lexicon)) == 10 and filler.lexicon == SyntheticFiller(num_words=10, seed=5).lexicon
     gen = PasskeyGenerator(chars, context_length=300, format="demo", haystack=filler)
     s = gen[0]
-    hay = chars.decode([t for t, k in zip(s.input_ids, s.kinds) if k == TokenKind.HAYSTACK])
+    hay = chars.decode([t for t, k in zip(s.input_ids, s.kinds, strict=True) if k == TokenKind.HAYSTACK])
     words = hay.split()[1:-1]  # the window may cut the first and last word
     assert words and set(words) <= set(filler.lexicon)
 

@@ -114,7 +114,7 @@ def test_recipe_trains_deterministically_and_saves_a_loadable_model(tmp_path):
     recipe = load_training_recipe(RECIPE, TINY + [f"output_dir={tmp_path}"])
     assert recipe["model"]["hidden_size"] == 32 and recipe["stages"][1]["lr"] == 5.0e-4
     first, second = train(recipe, log=lambda _: None), train(recipe, log=lambda _: None)
-    for a, b in zip(first["model"].state_dict().values(), second["model"].state_dict().values()):
+    for a, b in zip(first["model"].state_dict().values(), second["model"].state_dict().values(), strict=True):
         assert torch.equal(a, b)
     assert [s["steps"] for s in first["results"]["stages"]] == [2, 2]
     save_demo_model(first["model"], first["tokenizer"], recipe, first["results"], tmp_path)

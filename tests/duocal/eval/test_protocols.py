@@ -44,7 +44,9 @@ def test_every_question_on_its_own_copy_is_the_question_alone_after_the_context(
     with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())) as runtime:
         asked = answers_on_copies(model, runtime, sample)
         start = question_start(sample)
-        for answer, got in zip(sample.answers, asked.answers):  # the same as prefilling context + that question
+        for answer, got in zip(
+            sample.answers, asked.answers, strict=True
+        ):  # the same as prefilling context + that question
             alone = sample.input_ids[:start] + sample.input_ids[answer.asked_at : answer.start]
             cache = runtime.new_cache()
             out = model.generate(input_ids=torch.tensor([alone]), cache=cache, max_new_tokens=len(answer.ids))
@@ -61,7 +63,7 @@ def test_multi_turn_asks_in_sequence_on_one_cache_after_the_models_own_answers(d
     # before turn i the cache has seen the context, every earlier turn and the model's earlier answers
     # (but the last answer token, which is fed with the next turn): never the coming question
     expected, fed, turn_start = [], start, start
-    for answer, got in zip(answers, turns.answers):
+    for answer, got in zip(answers, turns.answers, strict=True):
         expected.append(fed - 1 if expected else fed)
         fed, turn_start = fed + answer.start - turn_start + len(got), answer.end
     assert turns.seen == expected and turns.kv_bytes > 0
@@ -70,7 +72,7 @@ def test_multi_turn_asks_in_sequence_on_one_cache_after_the_models_own_answers(d
         # full attention in turns equals one prefill of the whole conversation
         ids = list(sample.input_ids[:start])
         turn_start = start
-        for answer, got in zip(answers, full.answers):
+        for answer, got in zip(answers, full.answers, strict=True):
             ids += sample.input_ids[turn_start : answer.start]
             out = model.generate(input_ids=torch.tensor([ids]), cache=runtime.new_cache(), max_new_tokens=len(got))
             assert tuple(out[0, len(ids) :].tolist()) == got

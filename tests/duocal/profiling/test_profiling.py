@@ -38,7 +38,8 @@ def reference_measures(model, ids, rows, spans, policy_sizes, groups):
         for g in range(groups):
             heads = range(g * rep, (g + 1) * rep)
             retrieval.append(
-                sum(float(probs[h, r, s:e].sum()) for h in heads for r, (s, e) in zip(rows, spans)) / (rep * len(rows))
+                sum(float(probs[h, r, s:e].sum()) for h in heads for r, (s, e) in zip(rows, spans, strict=True))
+                / (rep * len(rows))
             )
             group_column = sum(column[h] for h in heads)
             total = 0.0

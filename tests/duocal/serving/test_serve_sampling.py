@@ -225,7 +225,7 @@ def run_steps(rows, logits):
         out.append(output[0].tolist())
         for i, token in enumerate(output[0].tolist()):
             generated[i].append(token)
-    return [list(column) for column in zip(*out)]
+    return [list(column) for column in zip(*out, strict=True)]
 
 
 def test_greedy_rows_are_the_argmax_and_a_seeded_row_draws_the_same_among_others():

@@ -69,8 +69,8 @@ def test_visited_blocks_grow_linearly_with_length():
 
 def test_padded_lengths_are_few_and_tight():
     lengths = [BS.padded_length(n) for n in range(1, 131073)]
-    assert all(p >= n and p % BS.BLOCK == 0 for n, p in zip(range(1, 131073), lengths))
-    assert all(p <= 1.25 * n for n, p in zip(range(1, 131073), lengths) if n > 8 * BS.BLOCK)
+    assert all(p >= n and p % BS.BLOCK == 0 for n, p in zip(range(1, 131073), lengths, strict=True))
+    assert all(p <= 1.25 * n for n, p in zip(range(1, 131073), lengths, strict=True) if n > 8 * BS.BLOCK)
     assert len(set(lengths)) <= 8 + 4 * 7  # 8 shapes up to 1k tokens, then 4 per doubling
 
 

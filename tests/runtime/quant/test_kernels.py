@@ -126,7 +126,7 @@ def test_threads_split_heads_and_give_the_same_result(monkeypatch):
     torch.set_num_threads(3)
     try:
         assert CK._threads(4, 512) == 3
-        for mine, theirs in zip(CK.attend(qg, *history, None, 4, 32), one):
+        for mine, theirs in zip(CK.attend(qg, *history, None, 4, 32), one, strict=True):
             torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
     finally:
         torch.set_num_threads(threads)
