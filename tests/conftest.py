@@ -6,11 +6,31 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import UPSTREAM_PATTERNS
+from helpers.worker_groups import worker_groups
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 SMOLLM2 = "smollm2-135m-instruct"  # the real model of the suite, fetched once into the duocal cache
 MAX_REQUEST_SIZE = 64 * 1024  # the demo server's body limit (test_serve_reliability.py sends bodies over it)
+
+
+# pytest-xdist (`make test` runs `-n auto --dist loadgroup`): a test module runs whole on one worker, so its
+# module-scoped fixtures are built once, and the modules that use a session server run on one worker, so the
+# server starts once.
+SESSION_SERVERS = ("demo_server", "smollm2_server")
+
+
+def pytest_collection_modifyitems(config, items):
+    servers_of: dict[str, set[str]] = {}
+    for item in items:
+        servers_of.setdefault(module_of(item), set()).update(s for s in SESSION_SERVERS if s in item.fixturenames)
+    groups = worker_groups(servers_of)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[module_of(item)]))
+
+
+def module_of(item) -> str:
+    return item.nodeid.split("::")[0]
 
 
 def _torch_threads():

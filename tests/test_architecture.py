@@ -321,6 +321,20 @@ def test_each_fixture_has_one_owner_and_no_test_imports_a_conftest():
     assert not imports, f"import these from tests/helpers/ instead of conftest: {imports}"
 
 
+def test_modules_that_share_a_session_server_run_on_one_pytest_xdist_worker():
+    from helpers.worker_groups import worker_groups
+
+    alone = {"a.py": set(), "b.py": {"demo_server"}, "c.py": {"smollm2_server"}, "e.py": {"demo_server"}}
+    assert worker_groups(alone) == {
+        "a.py": "a.py",
+        "b.py": "demo_server",
+        "c.py": "smollm2_server",
+        "e.py": "demo_server",
+    }
+    joined = {**alone, "d.py": {"smollm2_server", "demo_server"}}  # one module using both: one worker starts both
+    assert set(worker_groups(joined).values()) == {"a.py", "demo_server+smollm2_server"}
+
+
 # One word per idea (docs/contributing/glossary.md): spellings the glossary retired, as identifiers
 # (split at "_" and at case changes) or as words of the source text (comments, docstrings, messages).
 RETIRED_NAMES = {
