@@ -3,7 +3,8 @@ project modules (imports inside functions count), the runtime never imports duoc
 datasets, every module says in its first line what it holds, no source file is over 400 lines (a warning over 300)
 (ruff-formatted at 120 columns), no module-level name means two things in one package, no two
 modules share a file name, ruff is clean, the command line starts without torch, the docs'
-layout table (docs/contributing/architecture.md) names the tree as it is, and tests/ mirrors the source rooms."""
+layout table (docs/contributing/architecture.md) names the tree as it is, tests/ mirrors the source rooms, and
+the names use the glossary's words (docs/contributing/glossary.md: no retired spelling, no bare "window")."""
 
 import ast
 import re
@@ -14,6 +15,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+from helpers.glossary import retired_spellings, unqualified_names
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"duocal": REPO / "duocal", "duocal_runtime": REPO / "runtime", "duocal_vllm": REPO / "vllm_plugin"}
@@ -321,30 +324,7 @@ def test_each_fixture_has_one_owner_and_no_test_imports_a_conftest():
     assert not imports, f"import these from tests/helpers/ instead of conftest: {imports}"
 
 
-# One word per idea (docs/contributing/glossary.md): spellings the glossary retired, as identifiers
-# (split at "_" and at case changes) or as words of the source text (comments, docstrings, messages).
-RETIRED_NAMES = {
-    "hf_compat": "compat",
-    "window_blocks": "key_blocks",
-    "non_retrieval": "bounded",
-    "non_full": "bounded",
-}
-RETIRED_WORDS = re.compile(r"\b(coded|uncoded|non-retrieval|non-full)\b", re.IGNORECASE)
-
-
-def name_parts(identifier: str) -> list[str]:
-    """'StaticCodedH2OGroup' -> ['static', 'coded', 'h', '2', 'o', 'group']; 'decoded' stays one part."""
-    return [p.lower() for p in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", identifier)]
-
-
-def retired_spellings(text: str) -> list[str]:
-    identifiers = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
-    found = [f"identifier {n!r}: say {RETIRED_NAMES[n.lower()]}" for n in identifiers if n.lower() in RETIRED_NAMES]
-    found += [
-        f"identifier {n!r}: say quantized (the integers are codes)" for n in identifiers if "coded" in name_parts(n)
-    ]
-    found += [f"word {m.group(0)!r}: see the glossary" for m in RETIRED_WORDS.finditer(text)]
-    return sorted(found)
+# One word per idea (docs/contributing/glossary.md): the words, and the names kept, are in helpers/glossary.py.
 
 
 # The glossary names the words it retires; the changelog tells what was renamed when.
@@ -358,15 +338,32 @@ def text_files() -> list[Path]:
     return [p for p in found if str(p.relative_to(REPO)) not in PAGES_THAT_NAME_RETIRED_WORDS]
 
 
+def glossary_sources() -> list[Path]:
+    """The Python of the three packages, the tests and the recipes, but this file and helpers/glossary.py, which
+    name the spellings they ban."""
+    banning = {Path(__file__).resolve(), REPO / "tests" / "helpers" / "glossary.py"}
+    found = [*modules().values(), *(REPO / "tests").rglob("*.py"), *(REPO / "recipes").rglob("*.py")]
+    return [p for p in found if p.resolve() not in banning]
+
+
 def test_no_retired_word_comes_back():
-    """Every source file of the three packages and of the tests (but this one, which names the words it
-    bans), the C kernels, the docs, the Makefile and the configuration. The deprecation shims keep old
-    spellings that are not retired words (`budget`, `window`, `num_streaming`, `--windows`), so they pass."""
-    tests = (p for p in (REPO / "tests").rglob("*.py") if p != Path(__file__).resolve())
-    sources = [*modules().values(), *tests, *(REPO / "runtime").rglob("*.[ch]"), *text_files()]
+    """Every source file of the three packages, the tests and the recipes, the C kernels, the docs, the Makefile
+    and the configuration. The deprecation shims keep old spellings that are not retired words (`budget`,
+    `window`, `num_streaming`, `--windows`, `DuoCapacityLog`, `bench.pool_capacity`), so they pass."""
+    sources = [*glossary_sources(), *(REPO / "runtime").rglob("*.[ch]"), *text_files()]
     assert len(text_files()) > 30, "the docs and configuration were not found"
     problems = [f"{path.relative_to(REPO)}: {p}" for path in sources for p in retired_spellings(path.read_text())]
     assert not problems, "\n".join(problems)
+
+
+def test_every_window_name_says_which_window():
+    """A bare "window" named five things: a name says sink_window (or recent), observation_window, text_window(s)
+    or key_blocks (the glossary's table); helpers/glossary.py keeps a few names, each with why."""
+    sources = glossary_sources()
+    assert len(sources) > 300, "the sources were not found"
+    problems = [f"{path.relative_to(REPO)}: {p}" for path in sources for p in unqualified_names(path.read_text())]
+    advice = "say sink_window (or recent), observation_window, text_window(s) or key_blocks:\n"
+    assert not problems, advice + "\n".join(problems)
 
 
 def test_the_retired_word_check_finds_each_kind_and_spares_decoded():
@@ -380,4 +377,23 @@ def test_the_retired_word_check_finds_each_kind_and_spares_decoded():
     assert retired_spellings("token_coded_bytes; non-retrieval heads") == [
         "identifier 'token_coded_bytes': say quantized (the integers are codes)",
         "word 'non-retrieval': see the glossary",
+    ]
+
+
+def test_the_window_check_finds_each_kind_and_spares_the_kept_names():
+    source = (
+        "class SnapKV:\n    window: int = 32\n"
+        "def row_window(window, *, windows=2):\n"
+        "    first_window_block = SnapKV(window=4).window + config.sliding_window  # a window, in words\n"
+        "    return [text_window for text_window in text_windows(windows)] + sink_window.recent\n"
+    )
+    assert unqualified_names(source) == [
+        "line 3: argument 'window'",  # SnapKV's field is kept as a member, an attribute and a keyword only
+        "line 3: argument 'windows'",
+        "line 3: function 'row_window'",
+        "line 4: name 'first_window_block'",  # not sliding_window (transformers'), nor the comment's word
+        "line 5: name 'windows'",  # not text_window(s), nor sink_window
+    ]
+    assert retired_spellings("cache.capacity_bytes()") == [
+        "identifier 'capacity_bytes': say pool_size (the pool's bytes)"
     ]
