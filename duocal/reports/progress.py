@@ -21,7 +21,7 @@ LINE_SECONDS = 15.0  # a plain line at most this often (and at the last unit)
 
 def clock_text(seconds: float) -> str:
     """'1:02:03' or '2:04': whole seconds, as rich shows elapsed time."""
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 

@@ -31,9 +31,9 @@ from .sink_window import SinkWindow
 from .snapkv import SnapKV
 
 __all__ = [
+    "H2O",
     "POLICIES",
     "Full",
-    "H2O",
     "HeadGroup",
     "HeadPolicy",
     "SinkH2O",

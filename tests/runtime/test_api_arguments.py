@@ -106,15 +106,15 @@ def test_numpy_integers_are_numbers_and_wrong_chunk_sizes_name_the_argument():
             dr.apply(model, plan, prefill_chunk_size=bad)
     runtime = dr.apply(model, plan, prefill_chunk_size=np.int32(64))
     runtime.remove()
-    with pytest.raises(TypeError, match="policies must be a list of policy names.*'full,h2o'"):
+    with pytest.raises(TypeError, match=r"policies must be a list of policy names.*'full,h2o'"):
         dr.plan(profile, budget="1MiB", context=100, policies="full,h2o")
 
 
 def test_crop_says_why_a_duocache_cannot_be_cropped():
-    model, plan, batch = _tiny()
+    model, plan, _batch = _tiny()
     with dr.apply(model, plan) as runtime:
         cache = runtime.new_cache()
-        with pytest.raises(NotImplementedError, match="cannot be cropped.*new_cache"):
+        with pytest.raises(NotImplementedError, match=r"cannot be cropped.*new_cache"):
             cache.crop(4)
 
 

@@ -53,7 +53,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
 
 def prompts() -> list[list[int]]:
     gen = torch.Generator().manual_seed(11)
-    return [[1] + torch.randint(3, VOCAB, (n - 1,), generator=gen).tolist() for n in PROMPT_LENGTHS]
+    return [[1, *torch.randint(3, VOCAB, (n - 1,), generator=gen).tolist()] for n in PROMPT_LENGTHS]
 
 
 def greedy(model, ids: list[int], runtime=None) -> list[int]:

@@ -48,7 +48,7 @@ def test_sparsity_zero_is_all_full_and_sizes_can_be_changed():
 def test_refusals_say_why():
     with pytest.raises(DuoVllmError, match="no duocal profile"):
         load_head_table(config(), 128, {})
-    with pytest.raises(DuoVllmError, match="profile is for 30 layers x 3 KV heads.*has 28 layers"):
+    with pytest.raises(DuoVllmError, match=r"profile is for 30 layers x 3 KV heads.*has 28 layers"):
         load_head_table(SimpleNamespace(**{**SMOLLM2, "num_hidden_layers": 28}, duocal_profile=str(PROFILE)), 128, {})
     with pytest.raises(DuoVllmError, match=r"45 other heads: layer 1 head 0 \(h2o\)"):
         load_head_table(config(profile=str(PROFILE), sparsity=0.5, policy="h2o"), 128, {})

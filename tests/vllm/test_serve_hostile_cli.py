@@ -174,23 +174,23 @@ CASES = {
     "model folder without architectures": (
         lambda t, m: [model_with_config(t / "m", m, drop("architectures")), "--profile", str(PROFILE)],
         "without architectures",
-    ),  # fmt: skip
+    ),
     "architectures a string": (
         lambda t, m: [
             model_with_config(t / "m", m, lambda c: c.update(architectures="LlamaForCausalLM")),
             "--profile",
             str(PROFILE),
-        ],  # fmt: skip
+        ],
         "architectures must be a list",
     ),
     "config.json broken": (
         lambda t, m: [model_with_config(t / "m", m, lambda c: "{"), "--profile", str(PROFILE)],
         "config.json",
-    ),  # fmt: skip
+    ),
     "config.json a list": (
         lambda t, m: [model_with_config(t / "m", m, lambda c: "[]"), "--profile", str(PROFILE)],
         "config.json",
-    ),  # fmt: skip
+    ),
     "config without head counts": (
         lambda t, m: [model_with_config(t / "m", m, drop("num_attention_heads")), "--profile", str(PROFILE)],
         "num_attention_heads",
@@ -200,7 +200,7 @@ CASES = {
             model_with_config(t / "m", m, lambda c: c.update(num_attention_heads=0)),
             "--profile",
             str(PROFILE),
-        ],  # fmt: skip
+        ],
         "num_attention_heads",
     ),
     "model folder missing": (lambda t, m: [str(t / "nothing"), "--profile", str(PROFILE)], "does not exist"),
@@ -355,6 +355,17 @@ def test_a_config_files_options_are_read_as_vllm_builds_them(tmp_path):
     text = "max_num_seqs: 4\nenable-prefix-caching: true\nenforce_eager: false\nallowed-origins: [a, b]\n"
     config = yaml_file(tmp_path, text + "compilation-config: {level: 0}\nempty: []\n")
     assert check_vllm_args(("--config", config, "-tp", "2")) == (
-        "--max_num_seqs", "4", "--enable-prefix-caching", "--no-enforce_eager", "--allowed-origins", "a", "b",
-        "--compilation-config", '{"level": 0}', "--config", config, "-tp", "2",
-    )  # fmt: skip
+        "--max_num_seqs",
+        "4",
+        "--enable-prefix-caching",
+        "--no-enforce_eager",
+        "--allowed-origins",
+        "a",
+        "b",
+        "--compilation-config",
+        '{"level": 0}',
+        "--config",
+        config,
+        "-tp",
+        "2",
+    )

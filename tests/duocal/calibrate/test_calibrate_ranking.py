@@ -27,7 +27,7 @@ def test_assign_scores_reorders_candidates_only():
     assert plan[-1] == 3 and plan[-2] == 0  # the runtime keeps 3 full first, then 0
 
 
-def test_measured_ranking_orders_heads_by_measured_loss(tiny_llama_folder, tmp_path):  # noqa: F811
+def test_measured_ranking_orders_heads_by_measured_loss(tiny_llama_folder, tmp_path):
     out = tmp_path / "run"
     overrides = [o for o in QUICK if not o.startswith("ranking.")]
     result = run_cli(

@@ -63,7 +63,7 @@ def test_demo_recipe_is_the_default_and_fits_the_demo_model():
 def test_overrides_and_unknown_keys():
     recipe = load_recipe(None, ["train.steps=7", "data.context=[300,400]", "deepspeed.zero_stage=2"])
     assert (recipe.train.steps, recipe.data.context, recipe.deepspeed.zero_stage) == (7, [300, 400], 2)
-    with pytest.raises(ValueError, match="unknown recipe key attention.window; section attention has: sink, recent"):
+    with pytest.raises(ValueError, match=r"unknown recipe key attention.window; section attention has: sink, recent"):
         load_recipe(None, ["attention.window=3"])
     with pytest.raises(ValueError, match="is not key=value"):
         load_recipe(None, ["train.steps"])

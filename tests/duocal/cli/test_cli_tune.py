@@ -54,7 +54,7 @@ def tune_on_text(inputs, samples, sparsities, *more):
 
 
 def test_the_written_profile_deploys_what_the_rule_picks_on_the_measured_table(inputs, tmp_path):
-    model, profile, text = inputs
+    _model, profile, _text = inputs
     before = profile.read_bytes()
     out = tmp_path / "tuned.json"
     result = tune_on_text(
@@ -83,7 +83,7 @@ def test_the_written_profile_deploys_what_the_rule_picks_on_the_measured_table(i
 
 def test_the_choice_follows_the_table_not_the_input_profile(inputs, tmp_path, monkeypatch):
     """A measured table whose rule pick (0.5) is neither the input's deploy sparsity nor the highest measured."""
-    model, profile, text = inputs
+    _model, profile, _text = inputs
     table = [(0.0, 2.0), (0.25, 2.01), (0.5, 2.04), (0.75, 2.3)]
 
     def measured(model, profile, work, sparsities, context, progress):
@@ -117,7 +117,7 @@ def test_the_choice_follows_the_table_not_the_input_profile(inputs, tmp_path, mo
 def test_a_flat_curve_deploys_the_highest_sparsity(inputs, tmp_path):
     """Text windows of 64 tokens and a sink window that holds 1000: every plan keeps every token, so every
     sparsity's perplexity is full attention's and the highest measured sparsity must be chosen."""
-    model, profile, text = inputs
+    _model, profile, _text = inputs
     dr.save_profile(dr.load_profile(profile).with_deploy(dr.SinkWindow(sink=4, recent=1000)), profile)
     out = tmp_path / "tuned.json"
     result = tune_on_text(

@@ -43,8 +43,21 @@ def commands(tmp_path):
         ["profiles", "show", "demo-model", "--json"],
         ["profiles", "compare", "demo-model", str(other), "--json"],
         ["recipes", "list", "--json"],
-        ["tune", str(DEMO_MODEL_DIR), "--data", str(TEXT), "--context", "128", "--samples", "1", "--sparsities", "0.5"]
-        + ["--output", str(tmp_path / "tuned.json"), "--json"],
+        [
+            "tune",
+            str(DEMO_MODEL_DIR),
+            "--data",
+            str(TEXT),
+            "--context",
+            "128",
+            "--samples",
+            "1",
+            "--sparsities",
+            "0.5",
+            "--output",
+            str(tmp_path / "tuned.json"),
+            "--json",
+        ],
     ]
 
 

@@ -111,7 +111,7 @@ TINY = [
 
 @pytest.mark.slow
 def test_recipe_trains_deterministically_and_saves_a_loadable_model(tmp_path):
-    recipe = load_training_recipe(RECIPE, TINY + [f"output_dir={tmp_path}"])
+    recipe = load_training_recipe(RECIPE, [*TINY, f"output_dir={tmp_path}"])
     assert recipe["model"]["hidden_size"] == 32 and recipe["stages"][1]["lr"] == 5.0e-4
     first, second = train(recipe, log=lambda _: None), train(recipe, log=lambda _: None)
     for a, b in zip(first["model"].state_dict().values(), second["model"].state_dict().values(), strict=True):

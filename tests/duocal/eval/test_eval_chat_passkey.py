@@ -72,8 +72,27 @@ def test_chat_refusals_come_before_the_weights(monkeypatch, args, message):
 def test_full_attention_answers_chat_prompts(tmp_path):
     result = runner.invoke(
         app,
-        ["eval", "passkey", "--model", NAME, "--format", "chat", "--rows", "full", "--contexts", "700"]
-        + ["--samples", "2", "--depths", "0.5", "--answer-tokens", "12", "--batch-size", "1", "--json"],
+        [
+            "eval",
+            "passkey",
+            "--model",
+            NAME,
+            "--format",
+            "chat",
+            "--rows",
+            "full",
+            "--contexts",
+            "700",
+            "--samples",
+            "2",
+            "--depths",
+            "0.5",
+            "--answer-tokens",
+            "12",
+            "--batch-size",
+            "1",
+            "--json",
+        ],
     )
     assert result.exit_code == 0, result.output
     (row,) = json.loads(result.stdout)

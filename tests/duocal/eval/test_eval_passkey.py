@@ -150,8 +150,23 @@ def test_kv_bits_rows_hold_their_codes_and_say_their_bits(tiny_llama_folder, tmp
     assert rows[1].kv_bytes <= rows[1].kv_bytes_measured <= 1.05 * rows[1].kv_bytes
     result = runner.invoke(
         app,
-        ["eval", "passkey", "--model", str(tiny_llama_folder), "--contexts", "512", "--samples", "1", "--rows", "full"]
-        + ["--format", "digits", "--kv-bits", "16,8", "--no-plot"],
+        [
+            "eval",
+            "passkey",
+            "--model",
+            str(tiny_llama_folder),
+            "--contexts",
+            "512",
+            "--samples",
+            "1",
+            "--rows",
+            "full",
+            "--format",
+            "digits",
+            "--kv-bits",
+            "16,8",
+            "--no-plot",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "full kv8" in result.stdout

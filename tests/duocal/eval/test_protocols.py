@@ -38,9 +38,9 @@ def several_questions(tok, samples=1, context=512):
 
 
 def test_every_question_on_its_own_copy_is_the_question_alone_after_the_context(demo_with_profile):
-    model, tok, profile = demo_with_profile
+    model, tok, _profile = demo_with_profile
     sample = several_questions(tok)[0]
-    assert len(sample.answers) == 3 and [a.asked_at for a in sample.answers][0] == question_start(sample)
+    assert len(sample.answers) == 3 and next(a.asked_at for a in sample.answers) == question_start(sample)
     with dr.apply(model, dr.uniform_plan(dr.shape_of_config(model.config), dr.Full())) as runtime:
         asked = answers_on_copies(model, runtime, sample)
         start = question_start(sample)

@@ -30,7 +30,7 @@ def test_top_heads_orders_and_cuts():
         top_heads(mass, share=0)
 
 
-def test_needle_attention_shape_and_bounds(tiny_llama_folder):  # noqa: F811
+def test_needle_attention_shape_and_bounds(tiny_llama_folder):
     model, tokenizer = models.load_model(tiny_llama_folder), models.load_tokenizer(tiny_llama_folder)
     before = model.config._attn_implementation
     samples = pk.make_samples(tokenizer, 512, PasskeyEvalConfig(format="digits", samples=2))

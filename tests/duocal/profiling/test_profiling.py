@@ -136,7 +136,7 @@ def test_snapkv_kept_set_is_what_the_runtime_holds_after_the_prompt():
 
 
 def test_snapkv_after_the_context_selects_again_among_what_it_still_holds():
-    model, seq, policy, mass = snapkv_setup("query-agnostic")
+    _model, seq, policy, mass = snapkv_setup("query-agnostic")
     context_end, prompt_end = seq.pass_ends
     assert context_end < prompt_end == seq.rows[0] + 1
     first = selected_by_passes(policy, seq.pass_ends[:1], mass)

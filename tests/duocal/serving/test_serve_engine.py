@@ -42,7 +42,7 @@ def test_kv_memory_is_whole_gib():
     assert kv_space_gib("2GiB") == 2
     assert kv_space_gib("1073741824B") == 1
     for size in ("1.5GiB", "500MiB", "1GB", "4096 tokens", "0GiB"):
-        with pytest.raises(ValueError, match="whole GiB .*--kv-memory 2GiB.*--kv-cache-memory-bytes"):
+        with pytest.raises(ValueError, match=r"whole GiB .*--kv-memory 2GiB.*--kv-cache-memory-bytes"):
             kv_space_gib(size)
 
 

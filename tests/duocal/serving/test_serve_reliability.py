@@ -89,7 +89,7 @@ def test_requests_with_one_x_request_id_all_complete(demo_server):
     def one(i):
         if i % 2:  # streams and plain requests, all with the same header
             stream = client(base).with_options(default_headers={"X-Request-ID": "same"})
-            return [c.id for c in stream.completions.create(**body, stream=True)][0]
+            return next(c.id for c in stream.completions.create(**body, stream=True))
         status, answer, headers = post(base, "/v1/completions", body, {"X-Request-ID": "same"})
         assert status == 200 and answer["usage"]["completion_tokens"] == 8, answer
         assert headers["x-request-id"] == answer["id"]

@@ -40,7 +40,7 @@ def test_exact_match_is_whether_greedy_decoding_gives_the_answer(tiny_llama):
         out = tiny_llama.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=4, do_sample=False)
     own = out[0, len(PROMPT) :].tolist()
     assert scores(tiny_llama, full_plan(tiny_llama), AnsweredPrompt(PROMPT, own))[1] is True
-    wrong = own[:-1] + [(own[-1] + 1) % tiny_llama.config.vocab_size]
+    wrong = [*own[:-1], (own[-1] + 1) % tiny_llama.config.vocab_size]
     assert scores(tiny_llama, full_plan(tiny_llama), AnsweredPrompt(PROMPT, wrong))[1] is False
 
 

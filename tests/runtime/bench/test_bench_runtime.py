@@ -110,8 +110,20 @@ def test_first_call_benchmark_runs_each_row_in_a_fresh_process(tmp_path, capsys,
     dr.save_profile(profile, tmp_path / "p.json")
     out = tmp_path / "rows.json"
     first_call.main(
-        ["--model", str(tmp_path / "model"), "--profile", str(tmp_path / "p.json"), "--prompt", "40"]
-        + ["--new", "3", "--rows", "plain,duo50", "--out", str(out)]
+        [
+            "--model",
+            str(tmp_path / "model"),
+            "--profile",
+            str(tmp_path / "p.json"),
+            "--prompt",
+            "40",
+            "--new",
+            "3",
+            "--rows",
+            "plain,duo50",
+            "--out",
+            str(out),
+        ]
     )
     rows = {r["row"]: r for r in json.loads(out.read_text())}
     assert set(rows) == {"plain", "duo50"}
@@ -152,7 +164,7 @@ def test_serving_benchmark_serves_every_request_and_keeps_each_row_it_measured(t
         serving.main([*args, "--rows", "plain,duo80", "--out", str(tmp_path / "other.json")])
     assert all(1 <= r["held_max"] <= 4 and r["tok_per_s"] > 0 for r in rows.values())
     assert "duo75" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="--out .* is a folder"):  # refused before any work
+    with pytest.raises(ValueError, match=r"--out .* is a folder"):  # refused before any work
         serving.main([*args, "--out", str(tmp_path)])
 
 

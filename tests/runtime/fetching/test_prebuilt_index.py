@@ -162,7 +162,7 @@ def test_a_damaged_shipped_profile_is_refused(tmp_path):
     index_path = _shipped_index(tmp_path, random_profile())
     shipped = tmp_path / "profiles" / "demo" / "demo.json"
     shipped.write_text(shipped.read_text().replace("0.", "0.9", 1))
-    with pytest.raises(dr.ProfileError, match="damaged or missing.*expected sha256.*reinstall"):
+    with pytest.raises(dr.ProfileError, match=r"damaged or missing.*expected sha256.*reinstall"):
         pull("demo/tiny", cache_dir=tmp_path / "cache", index=load_index(index_path))
 
 
@@ -170,7 +170,7 @@ def test_an_entry_whose_shape_differs_from_its_profile_is_refused(tmp_path):
     profile = random_profile(layers=3, kv_heads=2)
     wrong = dr.ModelShape(4, 4, 2, 8)
     index_path = _shipped_index(tmp_path, profile, shape=wrong)
-    with pytest.raises(dr.ProfileError, match="index says 4 layers x 2 KV heads.*holds 3 layers x 2 KV heads"):
+    with pytest.raises(dr.ProfileError, match=r"index says 4 layers x 2 KV heads.*holds 3 layers x 2 KV heads"):
         pull("demo/tiny", cache_dir=tmp_path / "cache", index=load_index(index_path))
 
 
@@ -226,7 +226,7 @@ def test_a_shipped_file_must_stay_inside_the_profiles_folder():
 
 def test_an_index_of_another_format_is_refused(tmp_path):
     (tmp_path / "i.json").write_text(json.dumps({"format": "something", "profiles": []}))
-    with pytest.raises(dr.ProfileError, match="duocal.index"):
+    with pytest.raises(dr.ProfileError, match=r"duocal.index"):
         load_index(tmp_path / "i.json")
 
 
@@ -261,7 +261,7 @@ def test_what_each_hf_reference_downloads():
 
 @pytest.mark.parametrize("ref", ["hf://", "hf://only-owner", "hf://o/r@", "hf://o/r/../x", "hf://o w/r"])
 def test_bad_hf_references_say_how_to_write_one(ref):
-    with pytest.raises(dr.ProfileError, match="hf://OWNER/REPO|revision|'..'"):
+    with pytest.raises(dr.ProfileError, match=r"hf://OWNER/REPO|revision|'..'"):
         parse_hf_ref(ref)
 
 
@@ -275,14 +275,14 @@ def test_resolution_order(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "local.json").write_text("{}")
     assert resolve("local.json", index) == PathSource(Path("local.json"))  # an existing path wins
-    with pytest.raises(dr.ProfileError, match="Did you mean duo-attention/Mistral-7B-Instruct-v0.2"):
+    with pytest.raises(dr.ProfileError, match=r"Did you mean duo-attention/Mistral-7B-Instruct-v0.2"):
         resolve("duo-attention/Mistral-7B-Instruct-v02", index)
     with pytest.raises(dr.ProfileError, match="use an http"):
         resolve("ftp://h/p.json", index)
 
 
 def test_a_missing_path_string_reports_both_readings(tmp_path):
-    with pytest.raises(dr.ProfileError, match="no profile at .*not a file or folder, and not a prebuilt"):
+    with pytest.raises(dr.ProfileError, match=r"no profile at .*not a file or folder, and not a prebuilt"):
         dr.load_profile(str(tmp_path / "nope.json"))
 
 

@@ -245,7 +245,7 @@ def test_an_unwritable_cache_is_reported(site, tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("x")
     monkeypatch.setenv("DUOCAL_CACHE_DIR", str(blocker))
-    with pytest.raises(dr.ProfileError, match="cannot write the profile cache.*DUOCAL_CACHE_DIR"):
+    with pytest.raises(dr.ProfileError, match=r"cannot write the profile cache.*DUOCAL_CACHE_DIR"):
         pull("test/tiny")
 
 
@@ -290,7 +290,7 @@ def test_a_corrupted_cached_file_is_detected_and_fetched_again(site, damaged):
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0x01
     target.write_bytes(bytes(data))
-    with pytest.raises(dr.ProfileError, match="unusable.*does not match its sha256.*offline"):
+    with pytest.raises(dr.ProfileError, match=r"unusable.*does not match its sha256.*offline"):
         pull("test/pattern", offline=True)
     again = pull("test/pattern")
     assert again.origin == "download" and damaged in again.note
@@ -302,7 +302,7 @@ def test_a_corrupted_cached_file_is_detected_and_fetched_again(site, damaged):
 
 
 def test_offline_uses_only_the_cache_and_says_how_to_fill_it(site, monkeypatch):
-    with pytest.raises(dr.ProfileError, match="not in the cache.*offline mode is on.*duocal profiles pull test/tiny"):
+    with pytest.raises(dr.ProfileError, match=r"not in the cache.*offline mode is on.*duocal profiles pull test/tiny"):
         pull("test/tiny", offline=True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     result = runner.invoke(app, ["profiles", "pull", "test/tiny"])
@@ -317,7 +317,7 @@ def test_force_downloads_again_and_refuses_offline(site):
     pull("test/tiny")
     assert pull("test/tiny", force=True).origin == "download"
     assert site.hits(site.tiny_path) == 2
-    with pytest.raises(dr.ProfileError, match="--force .* offline"):
+    with pytest.raises(dr.ProfileError, match=r"--force .* offline"):
         pull("test/tiny", force=True, offline=True)
 
 
@@ -363,5 +363,5 @@ def test_a_server_that_trickles_bytes_meets_the_deadline(site, monkeypatch):
 
 @pytest.mark.parametrize("url", ["http://a..b/p.json", "https://" + "a" * 70 + ".org/p.json", "http:///p.json"])
 def test_a_url_whose_host_cannot_be_a_host_name_is_a_clear_error(quiet_env, url):
-    with pytest.raises(DownloadError, match="not a valid host name|has no host"):
+    with pytest.raises(DownloadError, match=r"not a valid host name|has no host"):
         pull(url)

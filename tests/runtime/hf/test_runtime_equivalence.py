@@ -140,7 +140,7 @@ def test_unsupported_models_and_shapes_are_clear_errors(tiny_llama):
     with pytest.raises(ValueError, match="sliding-window"):
         dr.apply(windowed, dr.uniform_plan(shape, dr.Full()))
     model = tiny_llama
-    with pytest.raises(dr.PlanError, match="plan is for 3 layers x 2 KV heads.*model has 2 layers x 2 KV heads"):
+    with pytest.raises(dr.PlanError, match=r"plan is for 3 layers x 2 KV heads.*model has 2 layers x 2 KV heads"):
         dr.apply(model, dr.uniform_plan(dr.ModelShape(3, 4, 2, 16), dr.Full()))
     with pytest.raises(dr.PlanError, match="prefill_chunk_size"):
         dr.apply(model, all_full(model), prefill_chunk_size=0)
@@ -180,7 +180,7 @@ def test_a_cache_used_by_attention_that_is_not_its_runtimes_is_refused(tiny_llam
     a, b = tiny_llama, tiny_model("llama", seed=1)
     ids, mask = left_padded_batch([12])
     with dr.apply(a, all_full(a)) as runtime:
-        with pytest.raises(RuntimeError, match="not its duocal runtime's.*'sdpa'"):
+        with pytest.raises(RuntimeError, match=r"not its duocal runtime's.*'sdpa'"):
             b.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, cache=runtime.new_cache())
         a.set_attn_implementation("sdpa")
         for call in (

@@ -109,7 +109,7 @@ def test_compiled_static_decode_gives_the_eager_tokens_without_graph_breaks(tiny
 
 def test_static_cache_refuses_to_grow_past_max_length(tiny_llama):
     model = tiny_llama
-    ids, mask = left_padded_batch([20])
+    ids, _mask = left_padded_batch([20])
     with dr.apply(model, mixed_plan(model)) as runtime:
         with pytest.raises(dr.CacheFullError, match="max_length=16"):
             model(input_ids=ids, cache=runtime.new_cache(max_length=16))
@@ -147,7 +147,7 @@ def test_compiling_the_static_decode_on_an_unsupported_device_says_so(monkeypatc
     with dr.apply(model, mixed_plan(model)) as runtime:
         ids, cache = prefilled_static_cache(model, runtime)
         step = torch.compile(model.forward, fullgraph=True)
-        with torch.no_grad(), pytest.raises(Exception, match="does not support torch.compile on cpu"):
+        with torch.no_grad(), pytest.raises(Exception, match=r"does not support torch.compile on cpu"):
             step(input_ids=ids[:, :1], position_ids=torch.tensor([[12]]), cache=cache)
 
 

@@ -182,7 +182,7 @@ def test_a_byte_budget_means_the_bytes_the_applied_cache_holds(dtype):
     assert cache.kv_bytes() == plan.kv_bytes(context, 1, model.dtype) <= 40 * 1024
     other = torch.bfloat16 if dtype == torch.float32 else torch.float32
     mismatched = dr.plan(profile, budget=budget, context=context, dtype=other, sink=4, recent=12)
-    with pytest.raises(dr.PlanError, match="fills its byte budget in .*make the plan with dtype=model.dtype"):
+    with pytest.raises(dr.PlanError, match=r"fills its byte budget in .*make the plan with dtype=model.dtype"):
         dr.apply(model, mismatched)
     assert dr.Plan.from_dict(plan.to_dict()).budget_dtype == plan.budget_dtype
 

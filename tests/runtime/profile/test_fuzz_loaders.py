@@ -38,10 +38,10 @@ def paths(tree, prefix=()):
     yield prefix
     if isinstance(tree, dict):
         for k, v in tree.items():
-            yield from paths(v, prefix + (k,))
+            yield from paths(v, (*prefix, k))
     elif isinstance(tree, list):
         for i, v in enumerate(tree):
-            yield from paths(v, prefix + (i,))
+            yield from paths(v, (*prefix, i))
 
 
 ALL_PATHS = [p for p in paths(REAL) if p]

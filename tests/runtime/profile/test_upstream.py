@@ -51,7 +51,7 @@ def test_unknown_model_needs_config(tmp_path):
 
 
 def test_missing_files_and_garbage(tmp_path):
-    with pytest.raises(dr.ProfileError, match="full_attention_heads.tsv is missing"):
+    with pytest.raises(dr.ProfileError, match=r"full_attention_heads.tsv is missing"):
         dr.import_upstream(tmp_path)
     folder = write_pattern(tmp_path / "pat", np.full((32, 8), 0.5))
     (folder / "full_attention_heads.tsv").write_text("1.0\tabc\n")

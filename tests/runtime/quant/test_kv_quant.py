@@ -209,7 +209,7 @@ def test_bad_quantization_sizes_are_refused(sizes, message):
 
 
 def test_a_group_that_does_not_divide_head_dim_is_refused_with_a_divisor():
-    with pytest.raises(dr.PlanError, match="group 24 does not divide head_dim 8.*such as 8"):
+    with pytest.raises(dr.PlanError, match=r"group 24 does not divide head_dim 8.*such as 8"):
         dr.plan(random_profile(), sparsity=0.5, kv_bits=8, kv_group=24)
 
 
