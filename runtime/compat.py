@@ -3,7 +3,7 @@
 - Attention functions are registered by name in `AttentionInterface`, and the same name in
   `AttentionMaskInterface` (without it transformers passes `attention_mask=None` even for a
   left-padded batch). duocal's mask function returns the caller's 2D padding mask (or None):
-  each head group builds its own causal / window mask from it, so no [T, T] mask is built.
+  each head group builds its own causal / sink-window mask from it, so no [T, T] mask is built.
 - The decoder attention modules of the supported families call
   `cache.update(k, v, layer_idx, kwargs=kwargs)` and then `attention_fn(..., **kwargs)` with the
   same dict, so a cache layer can hand itself to the attention function under `LAYER_KWARG`.
@@ -31,10 +31,10 @@ def check_model_supported(config: Any) -> None:
             f"duocal does not support model type {model_type!r} yet; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     layer_types = getattr(config, "layer_types", None) or []
-    uses_window = "sliding_attention" in layer_types or (
+    has_sliding_layers = "sliding_attention" in layer_types or (
         model_type == "mistral" and getattr(config, "sliding_window", None) is not None
     )
-    if uses_window:
+    if has_sliding_layers:
         raise ValueError(
             f"this {model_type} config uses sliding-window attention layers, which duocal does not combine "
             "with per-head policies; set config.sliding_window = None (or use_sliding_window = False) if the "

@@ -3,7 +3,8 @@ project modules (imports inside functions count), the runtime never imports duoc
 datasets, every module says in its first line what it holds, no source file is over 400 lines (a warning over 300)
 (ruff-formatted at 120 columns), no module-level name means two things in one package, no two
 modules share a file name, ruff is clean, the command line starts without torch, the docs'
-layout table (docs/contributing/architecture.md) names the tree as it is, and tests/ mirrors the source rooms."""
+layout table (docs/contributing/architecture.md) names the tree as it is, and
+the names use the glossary's words (docs/contributing/glossary.md: no retired spelling, no bare "window")."""
 
 import ast
 import re
@@ -14,6 +15,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+from helpers.glossary import retired_spellings, unqualified_names
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = {"duocal": REPO / "duocal", "duocal_runtime": REPO / "runtime", "duocal_vllm": REPO / "vllm_plugin"}
@@ -262,106 +265,7 @@ def test_no_module_imports_a_room_of_its_own_layer_or_a_higher_one():
     assert not upward, "imports against the layer order:\n" + "\n".join(sorted(upward))
 
 
-# tests/runtime/<room>/ and tests/duocal/<room>/ hold the tests of runtime/<room>/ and duocal/<room>/; a test
-# file directly in tests/runtime/ or tests/duocal/ tests that package's top modules (checks.py, errors.py...).
-TEST_MIRRORS = {"runtime": REPO / "runtime", "duocal": REPO / "duocal"}
-# vllm: the plugin's tests, run in .venv-vllm; data: reference files; helpers: the builders the tests share
-TEST_FOLDERS = {*TEST_MIRRORS, "vllm", "data", "helpers"}
-PROJECT_WIDE_TESTS = {"test_architecture.py", "test_docs.py", "test_lint.py", "test_packaging.py", "test_real_model.py"}
-
-
-def stray_test_files() -> list[str]:
-    """Test files in a folder that mirrors no source room, or at tests/ top without being project-wide."""
-    tests = REPO / "tests"
-    stray = [str(p.relative_to(REPO)) for p in tests.glob("test_*.py") if p.name not in PROJECT_WIDE_TESTS]
-    stray += [str(p.relative_to(REPO)) + "/" for p in tests.iterdir() if p.is_dir() and p.name not in TEST_FOLDERS]
-    for mirror, source in TEST_MIRRORS.items():
-        for path in (tests / mirror).rglob("*.py"):
-            folders = path.parent.relative_to(tests / mirror).parts
-            if folders and not (source.joinpath(*folders) / "__init__.py").is_file():
-                stray.append(str(path.relative_to(REPO)))
-    return sorted(s for s in stray if "__pycache__" not in s)
-
-
-def test_the_tests_mirror_the_source_rooms():
-    """Tests sit in the room of the code they test, so tests/ reads as the architecture."""
-    stray = stray_test_files()
-    assert not stray, (
-        f"not in a mirrored room: {stray} (move each to tests/runtime/<room>/ or tests/duocal/<room>/ of the code "
-        f"it tests; tests/ top holds only {sorted(PROJECT_WIDE_TESTS)} and the shared helpers)"
-    )
-
-
-def test_test_file_names_are_unique():
-    """Test modules are imported by their file name (pytest's default import mode, no __init__.py)."""
-    seen: dict[str, Path] = {}
-    for path in sorted((REPO / "tests").rglob("test_*.py")):
-        if path.relative_to(REPO / "tests").parts[0] == "vllm":
-            continue  # collected only by `make vllm-test`, in its own run
-        assert path.name not in seen, f"{path.relative_to(REPO)} and {seen[path.name].relative_to(REPO)} share a name"
-        seen[path.name] = path
-
-
-def test_each_fixture_has_one_owner_and_no_test_imports_a_conftest():
-    """A fixture is defined once in the tests (vllm's included); shared code comes from tests/helpers/, never
-    `from conftest import` (each folder's conftest.py is a module named `conftest`: the import finds whichever
-    pytest loaded last)."""
-    owners: dict[str, list[str]] = {}
-    imports = []
-    for path in sorted((REPO / "tests").rglob("*.py")):
-        tree, where = ast.parse(path.read_text()), str(path.relative_to(REPO))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and any(
-                ast.unparse(d).startswith("pytest.fixture") for d in node.decorator_list
-            ):
-                owners.setdefault(node.name, []).append(where)
-            if isinstance(node, ast.ImportFrom) and node.module == "conftest" and path.name != "conftest.py":
-                imports.append(where)
-    assert not {name: paths for name, paths in owners.items() if len(paths) > 1}
-    assert not imports, f"import these from tests/helpers/ instead of conftest: {imports}"
-
-
-def test_modules_that_share_a_session_server_run_on_one_pytest_xdist_worker():
-    from helpers.worker_groups import slow_groups_first, worker_groups
-
-    alone = {"a.py": set(), "b.py": {"demo_server"}, "c.py": {"smollm2_server"}, "e.py": {"demo_server"}}
-    assert worker_groups(alone) == {
-        "a.py": "a.py",
-        "b.py": "demo_server",
-        "c.py": "smollm2_server",
-        "e.py": "demo_server",
-    }
-    joined = {**alone, "d.py": {"smollm2_server", "demo_server"}}  # one module using both: one worker starts both
-    assert set(worker_groups(joined).values()) == {"a.py", "demo_server+smollm2_server"}
-    groups, slow = ["a", "a", "b", "b", "c", "d", "e"], [False, False, False, True, False, True, True]
-    own = [False, False, False, False, False, False, True]  # e: a test's own mark
-    assert slow_groups_first(groups, slow, own) == [6, 2, 3, 5, 0, 1, 4]  # then b and d (slow); a module stays whole
-
-
-# One word per idea (docs/contributing/glossary.md): spellings the glossary retired, as identifiers
-# (split at "_" and at case changes) or as words of the source text (comments, docstrings, messages).
-RETIRED_NAMES = {
-    "hf_compat": "compat",
-    "window_blocks": "key_blocks",
-    "non_retrieval": "bounded",
-    "non_full": "bounded",
-}
-RETIRED_WORDS = re.compile(r"\b(coded|uncoded|non-retrieval|non-full)\b", re.IGNORECASE)
-
-
-def name_parts(identifier: str) -> list[str]:
-    """'StaticCodedH2OGroup' -> ['static', 'coded', 'h', '2', 'o', 'group']; 'decoded' stays one part."""
-    return [p.lower() for p in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", identifier)]
-
-
-def retired_spellings(text: str) -> list[str]:
-    identifiers = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
-    found = [f"identifier {n!r}: say {RETIRED_NAMES[n.lower()]}" for n in identifiers if n.lower() in RETIRED_NAMES]
-    found += [
-        f"identifier {n!r}: say quantized (the integers are codes)" for n in identifiers if "coded" in name_parts(n)
-    ]
-    found += [f"word {m.group(0)!r}: see the glossary" for m in RETIRED_WORDS.finditer(text)]
-    return sorted(found)
+# One word per idea (docs/contributing/glossary.md): the words, and the names kept, are in helpers/glossary.py.
 
 
 # The glossary names the words it retires; the changelog tells what was renamed when.
@@ -375,15 +279,32 @@ def text_files() -> list[Path]:
     return [p for p in found if str(p.relative_to(REPO)) not in PAGES_THAT_NAME_RETIRED_WORDS]
 
 
+def glossary_sources() -> list[Path]:
+    """The Python of the three packages, the tests and the recipes, but this file and helpers/glossary.py, which
+    name the spellings they ban."""
+    banning = {Path(__file__).resolve(), REPO / "tests" / "helpers" / "glossary.py"}
+    found = [*modules().values(), *(REPO / "tests").rglob("*.py"), *(REPO / "recipes").rglob("*.py")]
+    return [p for p in found if p.resolve() not in banning]
+
+
 def test_no_retired_word_comes_back():
-    """Every source file of the three packages and of the tests (but this one, which names the words it
-    bans), the C kernels, the docs, the Makefile and the configuration. The deprecation shims keep old
-    spellings that are not retired words (`budget`, `window`, `num_streaming`, `--windows`), so they pass."""
-    tests = (p for p in (REPO / "tests").rglob("*.py") if p != Path(__file__).resolve())
-    sources = [*modules().values(), *tests, *(REPO / "runtime").rglob("*.[ch]"), *text_files()]
+    """Every source file of the three packages, the tests and the recipes, the C kernels, the docs, the Makefile
+    and the configuration. The deprecation shims keep old spellings that are not retired words (`budget`,
+    `window`, `num_streaming`, `--windows`, `DuoCapacityLog`, `bench.pool_capacity`), so they pass."""
+    sources = [*glossary_sources(), *(REPO / "runtime").rglob("*.[ch]"), *text_files()]
     assert len(text_files()) > 30, "the docs and configuration were not found"
     problems = [f"{path.relative_to(REPO)}: {p}" for path in sources for p in retired_spellings(path.read_text())]
     assert not problems, "\n".join(problems)
+
+
+def test_every_window_name_says_which_window():
+    """A bare "window" named five things: a name says sink_window (or recent), observation_window, text_window(s)
+    or key_blocks (the glossary's table); helpers/glossary.py keeps a few names, each with why."""
+    sources = glossary_sources()
+    assert len(sources) > 300, "the sources were not found"
+    problems = [f"{path.relative_to(REPO)}: {p}" for path in sources for p in unqualified_names(path.read_text())]
+    advice = "say sink_window (or recent), observation_window, text_window(s) or key_blocks:\n"
+    assert not problems, advice + "\n".join(problems)
 
 
 def test_the_retired_word_check_finds_each_kind_and_spares_decoded():
@@ -397,4 +318,23 @@ def test_the_retired_word_check_finds_each_kind_and_spares_decoded():
     assert retired_spellings("token_coded_bytes; non-retrieval heads") == [
         "identifier 'token_coded_bytes': say quantized (the integers are codes)",
         "word 'non-retrieval': see the glossary",
+    ]
+
+
+def test_the_window_check_finds_each_kind_and_spares_the_kept_names():
+    source = (
+        "class SnapKV:\n    window: int = 32\n"
+        "def row_window(window, *, windows=2):\n"
+        "    first_window_block = SnapKV(window=4).window + config.sliding_window  # a window, in words\n"
+        "    return [text_window for text_window in text_windows(windows)] + sink_window.recent\n"
+    )
+    assert unqualified_names(source) == [
+        "line 3: argument 'window'",  # SnapKV's field is kept as a member, an attribute and a keyword only
+        "line 3: argument 'windows'",
+        "line 3: function 'row_window'",
+        "line 4: name 'first_window_block'",  # not sliding_window (transformers'), nor the comment's word
+        "line 5: name 'windows'",  # not text_window(s), nor sink_window
+    ]
+    assert retired_spellings("cache.capacity_bytes()") == [
+        "identifier 'capacity_bytes': say pool_size (the pool's bytes)"
     ]

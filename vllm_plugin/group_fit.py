@@ -67,12 +67,12 @@ def vllm_head_table(config, vllm_config) -> list[list[HeadSpec]]:
             "planned (not fitted to vLLM's KV cache groups)", settings["tensor_parallel"], tp_size,
         )  # fmt: skip
         return table
-    window = SinkWindowSpec(block_size=block, num_kv_heads=1, head_size=1, dtype=dtype, sink=streaming[0].sink,
+    kv_spec = SinkWindowSpec(block_size=block, num_kv_heads=1, head_size=1, dtype=dtype, sink=streaming[0].sink,
                             sliding_window=streaming[0].recent,
                             request_in_flight_tokens=request_in_flight_tokens(vllm_config))  # fmt: skip
     per_rank = fitted_streaming_count(
         (total - len(streaming)) // tp_size, len(streaming) // tp_size, cdiv(length, block),
-        window.max_admission_blocks_per_request(vllm_config.max_in_flight_tokens, length),
+        kv_spec.max_admission_blocks_per_request(vllm_config.max_in_flight_tokens, length),
     )  # fmt: skip
     kept = per_rank * tp_size
     if kept == len(streaming):

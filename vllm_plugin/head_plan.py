@@ -137,7 +137,7 @@ def load_head_table(
 
 def kernel_block_size(table: list[list[HeadSpec]]) -> int | None:
     """The largest vLLM-CPU block size with which every streaming head of `table` runs vLLM's kernel (its sink whole
-    blocks, its window at least one: virtual_tables.kernel_fits); None without streaming heads or if none fits."""
+    blocks, its recent at least one: virtual_tables.kernel_fits); None without streaming heads or if none fits."""
     from .virtual_tables import fitting_block_sizes
 
     shapes = {(spec.sink, spec.recent) for row in table for spec in row if not spec.is_full}

@@ -43,7 +43,7 @@ def policy_key(spec: HeadSpec):
 
 class SinkWindowCache(Attention):
     """The cache layer of one streaming head: reports a `SinkWindowSpec`, so that vLLM's KV cache manager frees
-    the blocks between the sink and the window."""
+    the blocks between the sink and the recent tokens."""
 
     def __init__(self, *args, sink: int, recent: int, **kwargs) -> None:
         super().__init__(*args, per_layer_sliding_window=recent, attn_backend=SinkWindowCPUBackend, **kwargs)
@@ -60,7 +60,7 @@ class SinkWindowCache(Attention):
 
 
 class SinkWindowHeads(HeadGroupAttention):
-    """One call over a layer's streaming heads of one sink and window."""
+    """One call over a layer's streaming heads of one sink and recent."""
 
     def __init__(self, *args, sink: int, recent: int, **kwargs) -> None:
         super().__init__(*args, per_layer_sliding_window=recent, attn_backend=SinkWindowCPUBackend, **kwargs)

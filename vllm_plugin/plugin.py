@@ -1,8 +1,8 @@
-"""vLLM's entry points into duocal: `register` (``vllm.general_plugins``) and `DuoCapacityLog`
+"""vLLM's entry points into duocal: `register` (``vllm.general_plugins``) and `DuoKVTokensLog`
 (``vllm.stat_logger_plugins``).
 
 vLLM calls `register()` in every process it starts (engine core and workers), before it builds models or KV
-cache managers. Its OpenAI server (AsyncLLM) creates `DuoCapacityLog` once the engine has sized its KV cache:
+cache managers. Its OpenAI server (AsyncLLM) creates `DuoKVTokensLog` once the engine has sized its KV cache:
 one start-up line with the KV tokens of a duocal plan as a ratio to stock vLLM in the same space. vLLM's own
 line ("KV cache size: N tokens, Maximum concurrency for L tokens per request: X") already counts what its
 scheduler admits under the per-head layout (`SinkWindowSpec.max_admission_blocks_per_request`); the stock
@@ -12,6 +12,8 @@ rank under tensor parallelism: the space is per rank) in the configured space, t
 """
 
 from __future__ import annotations
+
+import warnings
 
 from vllm.logger import init_logger
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -26,7 +28,7 @@ logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the 
 
 
 def register() -> None:
-    """Check vLLM's version, then register the model classes (lazily, by name) and the sink + window KV cache
+    """Check vLLM's version, then register the model classes (lazily, by name) and the sink + recent KV cache
     spec. An untested vLLM is refused here, before anything of vLLM's internals is imported (version.py)."""
     check_vllm_version(installed_vllm())
     from vllm import ModelRegistry
@@ -46,7 +48,7 @@ def stock_kv_tokens(space_bytes: int, layers: int, kv_heads: int, head_dim: int,
     return int(blocks / -(-max_model_len // block_size) * max_model_len)
 
 
-def capacity_line(vllm_config) -> str | None:
+def kv_tokens_line(vllm_config) -> str | None:
     """The duocal line for an engine that runs one of duocal's model classes; None for any other model, or without
     a reported KV size."""
     model, cache = vllm_config.model_config, vllm_config.cache_config
@@ -73,8 +75,8 @@ def capacity_line(vllm_config) -> str | None:
     )
 
 
-class DuoCapacityLog(StatLoggerBase):
-    """Logs `capacity_line` once the engine is up; records nothing else."""
+class DuoKVTokensLog(StatLoggerBase):
+    """Logs `kv_tokens_line` once the engine is up; records nothing else."""
 
     def __init__(self, vllm_config, engine_index: int = 0) -> None:
         self.vllm_config = vllm_config
@@ -83,6 +85,19 @@ class DuoCapacityLog(StatLoggerBase):
         pass
 
     def log_engine_initialized(self) -> None:
-        line = capacity_line(self.vllm_config)
+        line = kv_tokens_line(self.vllm_config)
         if line is not None:
             logger.info(line)
+
+
+def __getattr__(name: str):
+    """`DuoCapacityLog`: the stat logger's name before the glossary's "KV tokens" (an environment installed then
+    still names it in its entry point); it warns and is `DuoKVTokensLog`."""
+    if name == "DuoCapacityLog":
+        warnings.warn(
+            "duocal_vllm.plugin.DuoCapacityLog is deprecated: use duocal_vllm.plugin.DuoKVTokensLog",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return DuoKVTokensLog
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -65,8 +65,8 @@ def gather_attend(q, pages, layout, blocks, seq_len: int, sink: int, recent: int
     """q [n, H, D] for the last n positions of a sequence of `seq_len` -> [n, H, D]."""
     n, block_size = q.shape[0], layout[0].shape[0]
     q_pos = torch.arange(seq_len - n, seq_len)
-    window_start = max(0, seq_len - n - recent + 1)
-    k_pos = torch.cat([torch.arange(min(sink, window_start)), torch.arange(window_start, seq_len)])
+    recent_start = max(0, seq_len - n - recent + 1)
+    k_pos = torch.cat([torch.arange(min(sink, recent_start)), torch.arange(recent_start, seq_len)])
     slots = blocks[k_pos // block_size].long()[:, None]
     offsets = k_pos % block_size
     keys = pages[:, slots, layout[0][offsets]]  # [Hkv, S, D]

@@ -56,11 +56,11 @@ class SinkWindowSpec(SlidingWindowSpec):
     def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
         if self.request_in_flight_tokens:
             max_in_flight_tokens = min(max_in_flight_tokens, self.request_in_flight_tokens)
-        window = super().max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
-        return min(window + self.sink_blocks, cdiv(max_model_len, self.block_size) + 1)
+        recent_blocks = super().max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+        return min(recent_blocks + self.sink_blocks, cdiv(max_model_len, self.block_size) + 1)
 
     def is_uniform_with_collection(self, kv_cache_specs: dict[str, KVCacheSpec]) -> bool:
-        """One KV cache group only for streaming heads of this sink and window: `SlidingWindowSpec`'s own check
+        """One KV cache group only for streaming heads of this sink and recent: `SlidingWindowSpec`'s own check
         compares windows only, so heads with other sinks (or plain sliding-window layers) would share this
         group's manager and keep the wrong sink blocks."""
         return all(
@@ -82,16 +82,16 @@ def request_in_flight_tokens(vllm_config) -> int:
 
 def lone_request_bytes(table: list[list[HeadSpec]], vllm_config, head_size: int, dtype) -> int:
     """KV bytes one request alone in the engine holds at its peak: every full head its whole length, every
-    streaming head sink + window + a whole in-flight batch (vLLM lifts the per-request chunk cap for it)."""
+    streaming head sink + recent + a whole in-flight batch (vLLM lifts the per-request chunk cap for it)."""
     block, length = vllm_config.cache_config.block_size, vllm_config.model_config.max_model_len
     blocks = 0
     for spec in (spec for row in table for spec in row):
         if spec.is_full:
             blocks += cdiv(length, block)
             continue
-        window = SinkWindowSpec(block_size=block, num_kv_heads=1, head_size=head_size, dtype=dtype,
-                                sliding_window=spec.recent, sink=spec.sink)  # fmt: skip
-        blocks += window.max_admission_blocks_per_request(vllm_config.max_in_flight_tokens, length)
+        kv_spec = SinkWindowSpec(block_size=block, num_kv_heads=1, head_size=head_size, dtype=dtype,
+                                 sliding_window=spec.recent, sink=spec.sink)  # fmt: skip
+        blocks += kv_spec.max_admission_blocks_per_request(vllm_config.max_in_flight_tokens, length)
     return blocks * 2 * block * head_size * dtype.itemsize
 
 

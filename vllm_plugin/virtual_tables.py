@@ -1,11 +1,11 @@
-"""Per-request *virtual block tables* that let vLLM's CPU paged-attention kernel run a sink + window head exactly.
+"""Per-request *virtual block tables* that let vLLM's CPU paged-attention kernel run a sink + recent head exactly.
 
 The kernel knows a causal sliding window (a query at virtual position p sees virtual keys in (p - window, p]) but
-no sinks, and returns no log-sum-exp, so two calls (sinks, window) cannot be merged. One call is still exact when
+no sinks, and returns no log-sum-exp, so two calls (sinks, recent) cannot be merged. One call is still exact when
 each query sees a virtual sequence made of whole blocks. Take sink S (a multiple of the block size B), recent W
-(>= B), a query at real position q >= S + W and f, the block holding key q - W + 1 (the window's first key). The
-virtual table is [block f, sink blocks 0 .. S/B - 1, blocks f + 1 .. last] and the kernel's window is W + S:
-a key of block f is at virtual distance (q - k) + S, visible iff q - k < W; sink keys and later window keys lie
+(>= B), a query at real position q >= S + W and f, the block holding key q - W + 1 (the first recent key). The
+virtual table is [block f, sink blocks 0 .. S/B - 1, blocks f + 1 .. last] and the kernel's sliding window is W + S:
+a key of block f is at virtual distance (q - k) + S, visible iff q - k < W; sink keys and later recent keys lie
 closer than W + S, so always visible. Queries before S + W see every earlier key: their own table, unchanged.
 
 A chunk of queries (prefill) is cut into *segments* of consecutive queries of one request with the same f (at
@@ -21,7 +21,7 @@ import torch
 
 
 def kernel_fits(sink: int, recent: int, block_size: int) -> bool:
-    """Whether virtual tables are exact for this head: whole sink blocks, and a window of at least one block."""
+    """Whether virtual tables are exact for this head: whole sink blocks, and recent tokens of at least one block."""
     return sink % block_size == 0 and recent >= block_size
 
 
@@ -53,14 +53,14 @@ def token_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tu
     return request, torch.arange(request.numel()) + offset
 
 
-def first_window_block(position: torch.Tensor, sink: int, recent: int, block_size: int) -> torch.Tensor:
+def first_recent_block(position: torch.Tensor, sink: int, recent: int, block_size: int) -> torch.Tensor:
     """[T] -> [T]: the block of key `position - recent + 1`, or -1 where the query sees every earlier key."""
     block = torch.div(position - recent + 1, block_size, rounding_mode="floor")
     return torch.where(position >= sink + recent, block, torch.full_like(block, -1))
 
 
 def virtual_columns(first: torch.Tensor, sink_blocks: int, columns: int) -> torch.Tensor:
-    """[R'] first window blocks -> [R', C]: which real block-table column each virtual column reads."""
+    """[R'] first recent blocks -> [R', C]: which real block-table column each virtual column reads."""
     col = torch.arange(columns)[None, :]
     f = first[:, None]
     shifted = torch.where(col == 0, f, torch.where(col <= sink_blocks, col - 1, f + col - sink_blocks))
@@ -74,7 +74,7 @@ def virtual_batch(
     """The kernel's requests for R real requests: query_start_loc [R + 1], seq_lens [R], block_table [R, C]."""
     assert kernel_fits(sink, recent, block_size), (sink, recent, block_size)
     request, position = token_positions(query_start_loc, seq_lens)
-    first = first_window_block(position, sink, recent, block_size)
+    first = first_recent_block(position, sink, recent, block_size)
     starts = torch.ones_like(request, dtype=torch.bool)
     starts[1:] = (request[1:] != request[:-1]) | (first[1:] != first[:-1])
     start = starts.nonzero().flatten()

@@ -30,7 +30,7 @@ from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadataBuilder,
 )
 
-# KV cache management: the sink + window spec, its manager (frees blocks through `_remove_blocks_in_range`), the
+# KV cache management: the sink + recent spec, its manager (frees blocks through `_remove_blocks_in_range`), the
 # spec registry that groups it
 from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec, get_kv_quant_mode

@@ -4,7 +4,7 @@ A query at position i sees the keys at positions < `sink` and in (i - recent, i]
 (Xiao et al., ICLR 2024, arXiv 2309.17453; the "streaming attention" of DuoAttention's gated
 heads, arXiv 2410.10819 §3.1). Upstream DuoAttention trains with a block-sparse flash kernel of
 128-token blocks; here queries are cut into blocks of `block` tokens and each block attends to
-the sink tokens plus the `ceil((recent-1)/block)+1` key blocks that can hold its window, through
+the sink tokens plus the `ceil((recent-1)/block)+1` key blocks that can hold its recent tokens, through
 one batched `scaled_dot_product_attention` call. No [T, T] tensor is ever built.
 
 Shapes: B batch, G KV heads, R query heads per KV head (H = G*R), T tokens, D head dim,
@@ -22,7 +22,7 @@ DEFAULT_BLOCK = 64
 
 
 def reachable_key_blocks(recent: int, block: int) -> int:
-    """c: how many key blocks before a query's own block its window can reach."""
+    """c: how many key blocks before a query's own block its recent tokens can reach."""
     return math.ceil((recent - 1) / block)
 
 
@@ -39,8 +39,8 @@ def block_bias(t: int, sink: int, recent: int, block: int, dtype: torch.dtype, d
     j = torch.arange(sink, device=device).view(1, 1, sink)
     p = (torch.arange(n, device=device).view(n, 1, 1) - c) * block + torch.arange((c + 1) * block, device=device)
     sink_ok = (j <= i) & (j < t)
-    window_ok = (p >= sink) & (p <= i) & (p > i - recent) & (p < t)
-    ok = torch.cat([sink_ok.expand(n, block, sink), window_ok.expand(n, block, -1)], dim=-1)
+    recent_ok = (p >= sink) & (p <= i) & (p > i - recent) & (p < t)
+    ok = torch.cat([sink_ok.expand(n, block, sink), recent_ok.expand(n, block, -1)], dim=-1)
     ok[..., 0] |= ~ok.any(-1)
     bias = torch.zeros(ok.shape, dtype=dtype, device=device)
     return bias.masked_fill_(~ok, float("-inf"))
@@ -50,9 +50,9 @@ def _key_blocks(k: torch.Tensor, sink: int, c: int, block: int, n: int) -> torch
     """k [B, G, T, D] -> [B, G, n, S, D]: the sink keys, then key blocks b-c .. b of each block b."""
     b, g, t, d = k.shape
     padded = F.pad(k, (0, 0, c * block, n * block - t))  # zeros before the start and after the end
-    windows = padded.unfold(2, (c + 1) * block, block).transpose(-1, -2)  # [B, G, n, (c+1)*block, D]
+    reachable = padded.unfold(2, (c + 1) * block, block).transpose(-1, -2)  # [B, G, n, (c+1)*block, D]
     sinks = k[:, :, None, :sink].expand(b, g, n, sink, d)  # callers guarantee t > sink
-    return torch.cat([sinks, windows], dim=3)
+    return torch.cat([sinks, reachable], dim=3)
 
 
 def blocked_sink_window_attention(
@@ -73,7 +73,7 @@ def blocked_sink_window_attention(
     b, h, t, d = q.shape
     g = k.shape[1]
     r = h // g
-    if t <= sink + recent:  # every window covers the whole causal prefix
+    if t <= sink + recent:  # every sink window covers the whole causal prefix
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=g != h)
     n, c = math.ceil(t / block), reachable_key_blocks(recent, block)
     keys = _key_blocks(k, sink, c, block, n).flatten(0, 1)  # [B*G, n, S, D]

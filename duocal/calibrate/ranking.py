@@ -97,7 +97,7 @@ def rank_heads(
 def rerank_profile(profile, recipe=None, overrides: list[str] = ()):
     """Re-rank any profile of a model (a calibrated one, an imported upstream pattern) by measurement.
 
-    One process, no training: the scores play the part of the gates. Data, window and ranking
+    One process, no training: the scores play the part of the gates. Data, sink window and ranking
     settings come from `recipe` (default: the demo recipe) with `key=value` overrides; the model
     is the recipe's. Returns a new `Profile` whose source records the measured order.
     """

@@ -66,7 +66,7 @@ class DataSection(Section):
 
 class AttentionSection(Section):
     sink: Annotated[int, Field(ge=0)] = 16  # streaming heads' first tokens during calibration (upstream: 128)
-    recent: PositiveInt = 64  # and their recent window (upstream: 256)
+    recent: PositiveInt = 64  # and their recent tokens (upstream: 256)
     block: PositiveInt = 64  # query block of the blocked streaming attention (speed only)
 
 

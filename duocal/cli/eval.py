@@ -234,7 +234,9 @@ def ppl(
     text_windows: Annotated[
         int | None, typer.Option(help="Most text windows of CONTEXT tokens taken from the text (default: 4).")
     ] = None,
-    windows: Annotated[int | None, typer.Option(hidden=True, help="Old name of --text-windows (deprecated).")] = None,
+    old_text_windows: Annotated[
+        int | None, typer.Option("--windows", hidden=True, help="Old name of --text-windows (deprecated).")
+    ] = None,
     sparsity: SparsityOpt = "0.5",
     rows: RowsOpt = None,
     policies: PoliciesOpt = None,
@@ -245,7 +247,7 @@ def ppl(
     baselines: Annotated[
         str | None,
         typer.Option(
-            help="transformers' QuantizedCache rows on the same windows: quanto4, hqq8, hqq4 "
+            help="transformers' QuantizedCache rows on the same text windows: quanto4, hqq8, hqq4 "
             "(needs optimum-quanto / hqq: pip install -c constraints.txt -e '.[bench]')."
         ),
     ] = None,
@@ -264,14 +266,14 @@ def ppl(
 
     with user_errors(), json_only_stdout(as_json):
         ref, loaded = model_and_profile(model, profile)
-        chosen_windows = renamed_option("text-windows", text_windows, "windows", windows)
+        chosen_text_windows = renamed_option("text-windows", text_windows, "windows", old_text_windows)
         config = PerplexityConfig(
             rows=chosen_rows(rows, policies, loaded is not None),
             sparsities=tuple(split(sparsity, float, "sparsity")),
             context=context,
             scored=scored,
             chunk=chunk,
-            text_windows=4 if chosen_windows is None else chosen_windows,
+            text_windows=4 if chosen_text_windows is None else chosen_text_windows,
             sink=sink,
             recent=recent,
             random_seeds=random_seeds,

@@ -39,20 +39,20 @@ def profiler_command(
         str, typer.Option(help="passkey (needles; gives the retrieval score) or text (--text FILE).")
     ] = "passkey",
     text: Annotated[Path | None, typer.Option(help="A UTF-8 text file, for --data text.")] = None,
-    samples: Annotated[int, typer.Option(help="Samples (text: windows at most) per context.")] = 8,
+    samples: Annotated[int, typer.Option(help="Samples (text: text windows at most) per context.")] = 8,
     contexts: Annotated[str, typer.Option(help="Context lengths in tokens.")] = "1024",
     sink: Annotated[
         int | None,
         typer.Option(
             help="Sink tokens of the measured policies (default: the "
-            "--scores-from profile's, else the model's usual window)."
+            "--scores-from profile's, else the model's usual sink window)."
         ),
     ] = None,
     recent: Annotated[
         int | None,
         typer.Option(
             help="Recent tokens (default: the --scores-from profile's, else "
-            "the model's usual window: 16 + 64 for the demo model, the "
+            "the model's usual sink window: 16 + 64 for the demo model, the "
             "shipped profile's for a known model, else 64 + 256)."
         ),
     ] = None,

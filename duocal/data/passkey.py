@@ -199,7 +199,7 @@ class PasskeyGenerator:
                 f"{length} tokens: raise context_length or lower num_passkeys"
             )
         starts = needle_starts(depths, [len(b[0]) for b in needles], filler)
-        hay = self._window(rng, filler)
+        hay = self._haystack(rng, filler)
         ids: list[int] = list(self._head)
         kinds: list[int] = [TokenKind.PROMPT] * len(ids)
         placed: list[Needle] = []
@@ -240,7 +240,7 @@ class PasskeyGenerator:
             labels[answer.start : answer.end] = answer.ids
         return PasskeySample(tuple(ids), tuple(labels), tuple(int(k) for k in kinds), tuple(placed), tuple(answers))
 
-    def _window(self, rng: random.Random, count: int) -> list[int]:
+    def _haystack(self, rng: random.Random, count: int) -> list[int]:
         pool = self._pool
         offset = rng.randrange(len(pool))
         out = pool[offset : offset + count]

@@ -33,7 +33,7 @@ from duocal.eval.row_kinds import (
     head_policy,
     refuse_beyond_positions,
     require_profile,
-    row_window,
+    row_sink_window,
 )
 from duocal_runtime.compat import check_model_supported
 
@@ -47,7 +47,7 @@ EVAL_SEED = 7777
 @dataclass(frozen=True)
 class PasskeyEvalConfig:
     """What to evaluate. Sizes are tokens; `sink` / `recent` default to the profile's deploy sizes
-    (else 64 / 256, upstream DuoAttention's deployment window)."""
+    (else 64 / 256, upstream DuoAttention's deployment sink window)."""
 
     rows: tuple[str, ...] = default_rows(has_profile=True)  # row kinds (row_kinds.py)
     sparsities: tuple[float, ...] = (0.25, 0.5, 0.75)
@@ -100,7 +100,7 @@ class PasskeyEvalConfig:
                 raise ValueError(f"{name} must be a positive number of tokens, got {value}")
 
     def sink_window(self, profile: dr.Profile | None) -> dr.SinkWindow:
-        return row_window(profile, self.sink, self.recent)
+        return row_sink_window(profile, self.sink, self.recent)
 
 
 @dataclass

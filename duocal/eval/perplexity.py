@@ -1,13 +1,13 @@
 """Perplexity of a long natural text under each plan, through the per-head KV cache.
 
-Each window of `context` tokens runs the way a policy really runs: the first `context -
+Each text window of `context` tokens runs the way a policy really runs: the first `context -
 scored` tokens are one prefill, then the scored tokens go through the cache in chunks of
 `chunk` tokens, each attending only to what the cache still holds (H2O evicts after every
 chunk; `chunk=1` is token-by-token decoding). The loss of every scored token (predicted from the
-tokens before it) is averaged over windows; ppl = exp(mean loss). Rows are the evaluation rows of
-row_kinds.py (full, duo, streaming, h2o, random, mix), on the same windows, and `baselines`:
+tokens before it) is averaged over text windows; ppl = exp(mean loss). Rows are the evaluation rows of
+row_kinds.py (full, duo, streaming, h2o, random, mix), on the same text windows, and `baselines`:
 transformers' `QuantizedCache` (duocal_runtime.quant.hf_baselines: quanto4, hqq8, hqq4) on the model
-without duocal, its KV bytes measured from the cache after the last window.
+without duocal, its KV bytes measured from the cache after the last text window.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from duocal.eval.row_kinds import (
     model_positions,
     refuse_beyond_positions,
     require_profile,
-    row_window,
+    row_sink_window,
 )
 from duocal_runtime.quant import hf_baselines as H
 
 
 @dataclass(frozen=True)
 class PerplexityConfig:
-    """What to evaluate. Sizes are tokens; `scored` defaults to half of each window."""
+    """What to evaluate. Sizes are tokens; `scored` defaults to half of each text window."""
 
     rows: tuple[str, ...] = default_rows(has_profile=True)
     sparsities: tuple[float, ...] = (0.5,)
@@ -73,7 +73,7 @@ class PerplexityConfig:
         return self.context // 2 if self.scored is None else self.scored
 
     def sink_window(self, profile: dr.Profile | None) -> dr.SinkWindow:
-        return row_window(profile, self.sink, self.recent)
+        return row_sink_window(profile, self.sink, self.recent)
 
 
 @dataclass
@@ -81,7 +81,7 @@ class PerplexityRow:
     row: str
     sparsity: float
     context: int
-    tokens_scored: int  # per plan: windows x scored tokens
+    tokens_scored: int  # per plan: text windows x scored tokens
     ppl: float  # mean over seeds for random
     kv_bytes: int  # analytic at `context`, batch 1, model dtype
     fraction_of_full: float
@@ -103,22 +103,22 @@ def check_text_window_fits(config: PerplexityConfig, model_config, profile: dr.P
     require_profile(config.rows, profile, model_config)
 
 
-def text_windows(tokenizer, text: str, context: int, windows: int) -> list[torch.Tensor]:
-    """Up to `windows` consecutive, non-overlapping windows of `context` token ids."""
+def text_windows(tokenizer, text: str, context: int, most: int) -> list[torch.Tensor]:
+    """Up to `most` consecutive, non-overlapping text windows of `context` token ids."""
     ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-    count = min(windows, len(ids) // context)
+    count = min(most, len(ids) // context)
     if count == 0:
         raise ValueError(
-            f"the text has {len(ids)} tokens, fewer than one window of {context}; "
+            f"the text has {len(ids)} tokens, fewer than one text window of {context}; "
             "use a longer text or a shorter --context"
         )
     return [torch.tensor(ids[i * context : (i + 1) * context]) for i in range(count)]
 
 
 @torch.no_grad()
-def text_window_losses(model, cache, window: torch.Tensor, scored: int, chunk: int) -> torch.Tensor:
-    """Losses (nats) of the last `scored` tokens of one window, fed through `cache` (fresh)."""
-    ids = window[None].to(model.device)
+def text_window_losses(model, cache, text_window: torch.Tensor, scored: int, chunk: int) -> torch.Tensor:
+    """Losses (nats) of the last `scored` tokens of one text window, fed through `cache` (fresh)."""
+    ids = text_window[None].to(model.device)
     start = ids.shape[1] - scored
     last = model(input_ids=ids[:, :start], cache=cache, logits_to_keep=1).logits  # predicts token `start`
     losses = []
@@ -132,12 +132,14 @@ def text_window_losses(model, cache, window: torch.Tensor, scored: int, chunk: i
 
 
 def plan_ppl(
-    model, plan: dr.Plan, windows: Sequence[torch.Tensor], config: PerplexityConfig, tick: Callable[[], None]
+    model, plan: dr.Plan, text_windows: Sequence[torch.Tensor], config: PerplexityConfig, tick: Callable[[], None]
 ) -> float:
     losses = []
     with dr.apply(model, plan) as runtime:
-        for window in windows:
-            losses.append(text_window_losses(model, runtime.new_cache(), window, config.scored_tokens, config.chunk))
+        for text_window in text_windows:
+            losses.append(
+                text_window_losses(model, runtime.new_cache(), text_window, config.scored_tokens, config.chunk)
+            )
             tick()
     return math.exp(float(torch.cat(losses).mean()))
 
@@ -147,12 +149,14 @@ def plain_bytes(shape: dr.ModelShape, context: int, dtype) -> int:
     return dr.uniform_plan(shape, dr.Full()).kv_bytes(context, 1, dtype)
 
 
-def baseline_row(model, name: str, windows: Sequence[torch.Tensor], config: PerplexityConfig, tick) -> PerplexityRow:
-    """A `QuantizedCache` row on the model as it is; KV bytes as its cache holds them after a window."""
+def baseline_row(
+    model, name: str, text_windows: Sequence[torch.Tensor], config: PerplexityConfig, tick
+) -> PerplexityRow:
+    """A `QuantizedCache` row on the model as it is; KV bytes as its cache holds them after a text window."""
     started, losses, held = time.perf_counter(), [], 0
-    for window in windows:
+    for text_window in text_windows:
         cache = H.quantized_cache(name, model.config)
-        losses.append(text_window_losses(model, cache, window, config.scored_tokens, config.chunk))
+        losses.append(text_window_losses(model, cache, text_window, config.scored_tokens, config.chunk))
         held = max(held, H.cache_bytes(cache))
         tick()
     full_bytes = plain_bytes(dr.shape_of_config(model.config), config.context, next(model.parameters()).dtype)
@@ -160,7 +164,7 @@ def baseline_row(model, name: str, windows: Sequence[torch.Tensor], config: Perp
         row=name,
         sparsity=0.0,
         context=config.context,
-        tokens_scored=len(windows) * config.scored_tokens,
+        tokens_scored=len(text_windows) * config.scored_tokens,
         ppl=math.exp(float(torch.cat(losses).mean())),
         kv_bytes=held,
         fraction_of_full=held / full_bytes,
@@ -169,15 +173,17 @@ def baseline_row(model, name: str, windows: Sequence[torch.Tensor], config: Perp
     )
 
 
-def planned_row(model, row: RowPlans, windows: Sequence[torch.Tensor], config: PerplexityConfig, tick) -> PerplexityRow:
+def planned_row(
+    model, row: RowPlans, text_windows: Sequence[torch.Tensor], config: PerplexityConfig, tick
+) -> PerplexityRow:
     started = time.perf_counter()
-    ppls = [plan_ppl(model, plan, windows, config, tick) for plan in row.plans]
+    ppls = [plan_ppl(model, plan, text_windows, config, tick) for plan in row.plans]
     dtype = next(model.parameters()).dtype
-    return perplexity_row(row, config, ppls, len(windows), dtype, time.perf_counter() - started)
+    return perplexity_row(row, config, ppls, len(text_windows), dtype, time.perf_counter() - started)
 
 
 def perplexity_row(
-    row: RowPlans, config: PerplexityConfig, ppls: list[float], windows: int, dtype, seconds: float
+    row: RowPlans, config: PerplexityConfig, ppls: list[float], text_window_count: int, dtype, seconds: float
 ) -> PerplexityRow:
     plans = row.plans
     full_bytes = plain_bytes(plans[0].shape, config.context, dtype)
@@ -186,7 +192,7 @@ def perplexity_row(
         row=row.row,
         sparsity=row.sparsity,
         context=config.context,
-        tokens_scored=windows * config.scored_tokens,
+        tokens_scored=text_window_count * config.scored_tokens,
         ppl=sum(ppls) / len(ppls),
         kv_bytes=kv_bytes,
         fraction_of_full=kv_bytes / full_bytes,
@@ -205,19 +211,19 @@ def evaluate_perplexity(
     profile: dr.Profile | None = None,
     progress: Progress | None = None,
 ) -> list[PerplexityRow]:
-    """Perplexity of `text` for each row kind x sparsity, every plan on the same windows."""
+    """Perplexity of `text` for each row kind x sparsity, every plan on the same text windows."""
     require_profile(config.rows, profile, model.config)
     model.eval()
     shape = dr.shape_of_config(model.config)
-    windows = text_windows(tokenizer, text, config.context, config.text_windows)
+    text_window_ids = text_windows(tokenizer, text, config.context, config.text_windows)
     inputs = RowInputs(shape, config.context, config.sink_window(profile), profile, config.random_seeds)
     planned = build_rows(config.rows, config.sparsities, inputs, kv_bits=config.kv_bits)
-    jobs = [(row.label, functools.partial(planned_row, model, row, windows, config)) for row in planned]
+    jobs = [(row.label, functools.partial(planned_row, model, row, text_window_ids, config)) for row in planned]
     jobs += [
-        (f"{name} (transformers QuantizedCache)", functools.partial(baseline_row, model, name, windows, config))
+        (f"{name} (transformers QuantizedCache)", functools.partial(baseline_row, model, name, text_window_ids, config))
         for name in config.baselines
     ]
-    total, done = (sum(len(r.plans) for r in planned) + len(config.baselines)) * len(windows), 0
+    total, done = (sum(len(r.plans) for r in planned) + len(config.baselines)) * len(text_window_ids), 0
     rows = []
 
     def tick(label: str) -> None:

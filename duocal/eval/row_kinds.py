@@ -97,14 +97,14 @@ def bits_variants(row: RowPlans, kv_bits: Sequence[int]) -> list[RowPlans]:
 
 
 # --- the plans of each kind -----------------------------------------------------------------
-def matched_tokens(shape: dr.ModelShape, sparsity: float, window: dr.SinkWindow, context: int) -> int:
-    """Cached (token, KV head) pairs of any plan with `sparsity` of its heads on `window`, the rest full."""
+def matched_tokens(shape: dr.ModelShape, sparsity: float, sink_window: dr.SinkWindow, context: int) -> int:
+    """Cached (token, KV head) pairs of any plan with `sparsity` of its heads on `sink_window`, the rest full."""
     heads = set(range(bounded_head_count(shape.num_kv_heads_total, sparsity)))
-    return dr.plan_from_bounded_set(shape, heads, window).kv_tokens(context)
+    return dr.plan_from_bounded_set(shape, heads, sink_window).kv_tokens(context)
 
 
-def duo_plan(profile: dr.Profile, sparsity: float, window: dr.SinkWindow) -> dr.Plan:
-    return dr.plan(profile, sparsity=sparsity, policy="sink_window", sink=window.sink, recent=window.recent)
+def duo_plan(profile: dr.Profile, sparsity: float, sink_window: dr.SinkWindow) -> dr.Plan:
+    return dr.plan(profile, sparsity=sparsity, policy="sink_window", sink=sink_window.sink, recent=sink_window.recent)
 
 
 def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
@@ -115,7 +115,7 @@ def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
 
 
 def snapkv_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
-    """SnapKV on every head, each keeping `tokens // heads` (a window of 32, or a quarter of a small capacity)."""
+    """SnapKV on every head, each keeping `tokens // heads` (an observation window of 32, or a quarter below 128)."""
     capacity = max(2, min(context, tokens // shape.num_kv_heads_total))
     return dr.uniform_plan(shape, dr.SnapKV.keeping(capacity))
 
@@ -126,12 +126,14 @@ def mix_plan(profile: dr.Profile, tokens: int, context: int, policies: Sequence[
 
 
 def random_plans(
-    shape: dr.ModelShape, sparsity: float, window: dr.SinkWindow, seeds: Sequence[int]
+    shape: dr.ModelShape, sparsity: float, sink_window: dr.SinkWindow, seeds: Sequence[int]
 ) -> tuple[dr.Plan, ...]:
-    """For each seed, the runtime's head count at `sparsity` drawn uniformly on `window`, the rest full."""
+    """For each seed, the runtime's head count at `sparsity` drawn uniformly on `sink_window`, the rest full."""
     count, heads = bounded_head_count(shape.num_kv_heads_total, sparsity), range(shape.num_kv_heads_total)
     return tuple(
-        dr.plan_from_bounded_set(shape, set(random.Random(f"duocal-eval-random:{seed}").sample(heads, count)), window)
+        dr.plan_from_bounded_set(
+            shape, set(random.Random(f"duocal-eval-random:{seed}").sample(heads, count)), sink_window
+        )
         for seed in seeds
     )
 
@@ -256,7 +258,7 @@ def refuse_beyond_positions(contexts, model_config: Any, advice: str, generated:
         raise ValueError(f"context {beyond[0]}{plus} is beyond the model's max_position_embeddings ({limit}); {advice}")
 
 
-def row_window(profile: dr.Profile | None, sink: int | None, recent: int | None) -> dr.SinkWindow:
+def row_sink_window(profile: dr.Profile | None, sink: int | None, recent: int | None) -> dr.SinkWindow:
     """The sink window of bounded heads: given sizes, else the profile's, else 64 / 256."""
     d = profile.deploy.sink_window if profile is not None else DEFAULT_SINK_WINDOW
     return dr.SinkWindow(sink=sink or d.sink, recent=recent or d.recent)

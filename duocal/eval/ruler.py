@@ -32,7 +32,7 @@ from duocal.eval.row_kinds import (
     head_policy,
     refuse_beyond_positions,
     require_profile,
-    row_window,
+    row_sink_window,
 )
 
 from . import ruler_tasks as T
@@ -83,7 +83,7 @@ class RulerConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
     def sink_window(self, profile: dr.Profile | None) -> dr.SinkWindow:
-        return row_window(profile, self.sink, self.recent)
+        return row_sink_window(profile, self.sink, self.recent)
 
     @property
     def essay_tasks(self) -> tuple[str, ...]:

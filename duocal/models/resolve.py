@@ -1,6 +1,6 @@
 """What a model argument means: a known name, a local folder, a `.gguf` file, or a Hub id; and what
 duocal knows about it (`ModelRef`: the name profiles record, the profile the project ships, the
-window and passkey format it is measured with).
+sink window and passkey format it is measured with).
 
 A path (something that exists, or that looks like one: absolute, starting with `.` or `~`, more than
 one `/`, a backslash, a file suffix such as `.gguf`) is never sent to the Hub: a missing one is an
@@ -33,8 +33,8 @@ from .known import KNOWN_MODELS
 
 DEMO_NAME = "duocal/demo-model"  # what profiles record for the bundled demo model (never a machine's path)
 DEMO_PROFILE = "demo-model.json"  # its shipped profile, in profiles/ (package duocal_runtime.prebuilt)
-DEMO_WINDOW = (16, 64)  # (sink, recent) it retrieves with; trained on 1280 tokens at most
-UPSTREAM_SINK_WINDOW = (64, 256)  # upstream DuoAttention's deployment window (sink, recent)
+DEMO_SINK_WINDOW = (16, 64)  # (sink, recent) it retrieves with; trained on 1280 tokens at most
+UPSTREAM_SINK_WINDOW = (64, 256)  # upstream DuoAttention's deployment sink window (sink, recent)
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class ModelRef:
         text = str(DEMO_MODEL_DIR) if arg is None else str(arg)
         path = resolve_model(text, offline=offline, cache_dir=cache_dir)
         if _same_folder(path, DEMO_MODEL_DIR):
-            return cls(text, path, DEMO_NAME, True, _shipped(DEMO_PROFILE), DEMO_WINDOW, DEMO_PASSKEY_FORMAT)
+            return cls(text, path, DEMO_NAME, True, _shipped(DEMO_PROFILE), DEMO_SINK_WINDOW, DEMO_PASSKEY_FORMAT)
         known = KNOWN_MODELS.get(text)
         profile = _shipped(known.profile) if known is not None and known.profile else None
         return cls(text, path, text, False, profile, _deploy_sink_window(profile), "digits")
@@ -130,8 +130,8 @@ def _deploy_sink_window(profile_file: str | None) -> tuple[int, int]:
     if profile_file is None:
         return UPSTREAM_SINK_WINDOW
     deploy = json.loads(Path(profile_file).read_text(encoding="utf-8")).get("deploy", {})
-    window = deploy.get("sizes", {}).get("sink_window", deploy)
-    return window.get("sink", UPSTREAM_SINK_WINDOW[0]), window.get("recent", UPSTREAM_SINK_WINDOW[1])
+    sizes = deploy.get("sizes", {}).get("sink_window", deploy)
+    return sizes.get("sink", UPSTREAM_SINK_WINDOW[0]), sizes.get("recent", UPSTREAM_SINK_WINDOW[1])
 
 
 def is_local_path(arg: str) -> bool:

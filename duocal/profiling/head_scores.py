@@ -35,13 +35,13 @@ def kept_keys(policy: dr.HeadPolicy, row: int, column_mass: torch.Tensor) -> tor
     return policy.keeps(ranks, torch.full((g,), row + 1, device=column_mass.device), column_mass)
 
 
-def selected_by_passes(policy: dr.SnapKV, pass_ends: Sequence[int], window_mass: Mapping[int, torch.Tensor]):
+def selected_by_passes(policy: dr.SnapKV, pass_ends: Sequence[int], observation_mass: Mapping[int, torch.Tensor]):
     """[G, T] bool: what a snapkv head holds after prefill passes ending at `pass_ends` (increasing),
-    each selecting by `window_mass[end]` [G, T] (its last `window` queries' attention) among the
+    each selecting by `observation_mass[end]` [G, T] (its last `window` queries' attention) among the
     tokens still held and the pass's own, by the policy's rule and the runtime's pooling."""
     previous, held = 0, None
     for end in pass_ends:
-        mass = window_mass[end]
+        mass = observation_mass[end]
         keys = torch.arange(mass.shape[-1], device=mass.device).expand_as(mass)
         present = (keys >= previous) & (keys < end)  # this pass's tokens
         present = present if held is None else present | held
@@ -54,7 +54,7 @@ def selected_by_passes(policy: dr.SnapKV, pass_ends: Sequence[int], window_mass:
 
 def snapkv_kept(policy: dr.SnapKV, row: int, held: torch.Tensor, last_end: int) -> torch.Tensor:
     """[G, T] bool at the query `row` (>= `last_end` - 1, the last pass's end): what the last pass
-    selected (its window leaves as decode goes on) plus the last `window` keys."""
+    selected (its observation window leaves as decode goes on) plus the last `window` keys."""
     keys = torch.arange(held.shape[-1], device=held.device)
     ranks = torch.where(keys <= row, keys, -1).expand_as(held)
     selected = held & (keys < last_end - policy.window)

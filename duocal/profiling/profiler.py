@@ -3,8 +3,8 @@ attention on calibration data, written as a profile (`duocal profile`).
 
 Data: passkey samples (one question each; the rows are the positions that predict the answer and
 the retrieval score looks at the queried needle), chat prompts with their answer written out (the
-`chat` format: data/chat_answers.py), or windows of a text file (the rows are the last `text_rows`
-positions of each window; no retrieval score). The profile's scores (`score`, profile_scores.py)
+`chat` format: data/chat_answers.py), or text windows of a text file (the rows are the last `text_rows`
+positions of each text window; no retrieval score). The profile's scores (`score`, profile_scores.py)
 are the answer's loss rise when one head streams (chat; a second pass with a backward pass,
 streaming_loss.py), the retrieval score (other passkeys) or 1 − the sink window's kept share
 (text); its measurements are
@@ -87,7 +87,7 @@ class ProfilerConfig:
     def policies(self) -> list[dr.HeadPolicy]:
         """The policies whose kept share is measured: the sink window, H2O with the same capacity per
         head (half heavy hitters, half recent, as in the H2O paper), and those H2O sizes plus the sinks
-        and SnapKV with its window of 32 (a quarter of a smaller capacity): the sizes `dr.plan` gives
+        and SnapKV with its observation window of 32 (a quarter of a smaller capacity): the sizes `dr.plan` gives
         these policies from the profile's deploy defaults)."""
         capacity = self.sink + self.recent
         h2o = dr.H2O.halves(capacity)
@@ -120,9 +120,9 @@ def sequences(tokenizer, config: ProfilerConfig):
     """A `ProfiledSequence` for every sample of every context."""
     for context in config.contexts:
         if config.data == "text":
-            for window in text_windows(tokenizer, config.text, context, config.samples):
+            for text_window in text_windows(tokenizer, config.text, context, config.samples):
                 rows = list(range(context - min(config.text_rows, context - 1), context))
-                yield ProfiledSequence(window.tolist(), rows, None, (rows[0] + 1,))
+                yield ProfiledSequence(text_window.tolist(), rows, None, (rows[0] + 1,))
             continue
         if config.format == "chat":
             yield from chat_sequences(tokenizer, config, context)
@@ -159,7 +159,7 @@ def chat_sequences(tokenizer, config: ProfilerConfig, context: int):
 @torch.no_grad()
 def measure(model, tokenizer, config: ProfilerConfig, progress: Progress | None = None) -> dict[str, torch.Tensor]:
     """Mean per-head measures, name -> [L, G] (`retrieval` only for passkey data); `progress(done,
-    total, what)` after each sequence (total: the most sequences; text may give fewer windows)."""
+    total, what)` after each sequence (total: the most sequences; text may give fewer text windows)."""
     shape = dr.shape_of_config(model.config)
     policies = config.policies()
     sums: dict[str, torch.Tensor] = {}
@@ -190,23 +190,23 @@ def observation_windows(seq: ProfiledSequence, policies) -> dict[int, range]:
 
 def recorded_rows(seq: ProfiledSequence, policies) -> list[int]:
     """The scored rows first, then every observation window's queries not among them."""
-    extra = sorted({q for window in observation_windows(seq, policies).values() for q in window} - set(seq.rows))
+    extra = sorted({q for observed in observation_windows(seq, policies).values() for q in observed} - set(seq.rows))
     return [*seq.rows, *extra]
 
 
-def window_mass(policy: dr.SnapKV, seq: ProfiledSequence, layer, position: dict[int, int], rep: int):
+def observation_mass(policy: dr.SnapKV, seq: ProfiledSequence, layer, position: dict[int, int], rep: int):
     """Pass end -> [G, T]: its observation window's attention in one layer, summed over the window's
     queries and each group's `rep` query heads (`position`: recorded row index of each query)."""
     return {
-        end: layer.rows[:, [position[q] for q in window]].sum(1).unflatten(0, (-1, rep)).sum(1)
-        for end, window in observation_windows(seq, [policy]).items()
+        end: layer.rows[:, [position[q] for q in observed]].sum(1).unflatten(0, (-1, rep)).sum(1)
+        for end, observed in observation_windows(seq, [policy]).items()
     }
 
 
 def layer_kept(policy, seq: ProfiledSequence, layer, position: dict[int, int], rep: int) -> torch.Tensor:
     """[G]: the mean share of the scored rows' attention that `policy` keeps in one layer."""
     if isinstance(policy, dr.SnapKV):
-        held = selected_by_passes(policy, seq.pass_ends, window_mass(policy, seq, layer, position, rep))
+        held = selected_by_passes(policy, seq.pass_ends, observation_mass(policy, seq, layer, position, rep))
         keeps = lambda row: snapkv_kept(policy, row, held, seq.pass_ends[-1])  # noqa: E731
     else:
         keeps = lambda row: kept_keys(policy, row, layer.column_mass)  # noqa: E731
@@ -265,9 +265,9 @@ def answer_loss_score(model, tokenizer, config: ProfilerConfig, report: Progress
     """[L, G]: streaming_loss over the profiler's sequences (their answer rows); progress continues the
     attention pass's count."""
     pairs = [(seq.ids, seq.loss_rows) for seq in sequences(tokenizer, config)]
-    window = dr.SinkWindow(config.sink, config.recent)
+    sink_window = dr.SinkWindow(config.sink, config.recent)
     what = "sequences scored by answer loss"
-    return streaming_loss(model, pairs, window, lambda done: report(len(pairs) + done, 2 * len(pairs), what))
+    return streaming_loss(model, pairs, sink_window, lambda done: report(len(pairs) + done, 2 * len(pairs), what))
 
 
 def policy_settings(policy: dr.HeadPolicy | None, config: ProfilerConfig) -> dict[str, Any]:

@@ -1,10 +1,10 @@
 """How much streaming one head would cost the answer: the profiler's `loss` score.
 
 Every KV head gets a gate g (1: full attention, 0: its sink window), mixing the two outputs of its
-query heads, g·o_full + (1 − g)·o_window, as DuoAttention's gates do (Xiao et al., arXiv
+query heads, g·o_full + (1 − g)·o_sink_window, as DuoAttention's gates do (Xiao et al., arXiv
 2410.10819). At g = 1 the model is the full model; −∂L/∂g, with L the cross-entropy of the answer's
 tokens, is the first-order rise of L when that head alone streams. One backward pass per sequence
-gives it for every head at once. The window's output carries no gradient (its weight 1 − g is 0),
+gives it for every head at once. The sink window's output carries no gradient (its weight 1 − g is 0),
 so the backward pass goes through full attention only.
 
 Measured on chat prompts with their answers written out (data/chat_answers.py), this ranks the heads
@@ -27,28 +27,28 @@ from duocal.profiling.attention_stats import attention_function
 class StreamingGates:
     """An attention function (transformers' signature) with a gate per (layer, KV head) at 1."""
 
-    def __init__(self, window: dr.SinkWindow, num_layers: int, num_kv_heads: int, device=None):
-        self.window = window
+    def __init__(self, sink_window: dr.SinkWindow, num_layers: int, num_kv_heads: int, device=None):
+        self.sink_window = sink_window
         self.gates = torch.ones(num_layers, num_kv_heads, device=device, requires_grad=True)
 
     def attention(self, module, q, k, v, attention_mask, scaling=None, dropout=0.0, **kwargs):
         """q [1, H, T, D], k/v [1, G, T, D] -> ([1, T, H, D], None)."""
         scale = scaling if scaling is not None else module.scaling
         full = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        first = self.window.sink + self.window.recent  # queries before it see every key either way
+        first = self.sink_window.sink + self.sink_window.recent  # queries before it see every key either way
         if q.shape[2] <= first:
             return full.transpose(1, 2), None
         with torch.no_grad():
-            window = self.window_output(q[:, :, first:], k, v, first, scale)
+            bounded = self.sink_window_output(q[:, :, first:], k, v, first, scale)
         gate = self.gates[module.layer_idx].repeat_interleave(q.shape[1] // k.shape[1])[None, :, None, None]
-        mixed = gate * full[:, :, first:] + (1 - gate) * window
+        mixed = gate * full[:, :, first:] + (1 - gate) * bounded
         return torch.cat((full[:, :, :first], mixed), dim=2).transpose(1, 2), None
 
-    def window_output(self, q, k, v, first: int, scale: float) -> torch.Tensor:
+    def sink_window_output(self, q, k, v, first: int, scale: float) -> torch.Tensor:
         """The sink window's output for the queries at `first` and after."""
         keys = torch.arange(k.shape[2], device=q.device)
         queries = torch.arange(first, first + q.shape[2], device=q.device)
-        sees = self.window.sees(queries[:, None], keys[None, :])
+        sees = self.sink_window.sees(queries[:, None], keys[None, :])
         return F.scaled_dot_product_attention(q, k, v, attn_mask=sees, scale=scale, enable_gqa=True)
 
 
@@ -76,13 +76,13 @@ def answer_loss(model, ids: list[int], rows: list[int]) -> torch.Tensor:
 
 
 def streaming_loss(
-    model, sequences: Iterable[tuple[list[int], list[int]]], window: dr.SinkWindow, report
+    model, sequences: Iterable[tuple[list[int], list[int]]], sink_window: dr.SinkWindow, report
 ) -> torch.Tensor:
     """[L, G]: the mean first-order rise of the answer loss when each head alone streams, over
     `sequences` of (token ids, the rows that predict the answer); `report(done)` after each."""
     shape = dr.shape_of_config(model.config)
     device = next(model.parameters()).device
-    gates = StreamingGates(window, shape.num_hidden_layers, shape.num_key_value_heads, device)
+    gates = StreamingGates(sink_window, shape.num_hidden_layers, shape.num_key_value_heads, device)
     total, count = torch.zeros_like(gates.gates), 0
     with frozen(model), attention_function(model, gates.attention), torch.enable_grad():
         for ids, rows in sequences:

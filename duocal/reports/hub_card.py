@@ -55,10 +55,10 @@ def _settings_rows(source: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _savings(profile: dr.Profile) -> str:
     plan = dr.plan(profile)
-    memory, window = plan.memory_report(CARD_CONTEXT), profile.deploy.sink_window
+    memory, sink_window = plan.memory_report(CARD_CONTEXT), profile.deploy.sink_window
     return (
         f"At the default sparsity {profile.deploy.sparsity:g}, {plan.num_bounded} of {plan.num_heads} KV heads "
-        f"use `{profile.deploy.policy}` (sink {window.sink}, recent {window.recent}); "
+        f"use `{profile.deploy.policy}` (sink {sink_window.sink}, recent {sink_window.recent}); "
         f"the KV cache at {CARD_CONTEXT} tokens is {memory['fraction_of_full']:.1%} of full attention."
     )
 

@@ -160,15 +160,15 @@ def plan_overrides(
 
 
 def chunk_cap_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
-    """`--long-prefill-token-threshold WINDOW` for a plan with streaming heads, unless given after `--`: each
-    request then has at most one window of prompt in flight, so vLLM reserves a streaming head sink + 2 windows
-    instead of a window plus a whole `max_num_batched_tokens` batch (duocal_vllm.sink_window_spec)."""
-    windows = [spec.recent for row in table for spec in row if not spec.is_full]
-    if not windows or option_value(vllm_args, CHUNK_CAP_OPTION) is not None:
+    """`--long-prefill-token-threshold RECENT` for a plan with streaming heads, unless given after `--`: each
+    request then has at most `recent` tokens of prompt in flight, so vLLM reserves a streaming head sink + 2 recent
+    instead of its recent tokens plus a whole `max_num_batched_tokens` batch (duocal_vllm.sink_window_spec)."""
+    recents = [spec.recent for row in table for spec in row if not spec.is_full]
+    if not recents or option_value(vllm_args, CHUNK_CAP_OPTION) is not None:
         return []
     given = option_value(vllm_args, "--max-model-len")  # vLLM refuses a threshold above it
     length = None if given is None else human_readable_length(given, "--max-model-len")
-    return [CHUNK_CAP_OPTION, str(max(windows) if length is None else min(max(windows), length))]
+    return [CHUNK_CAP_OPTION, str(max(recents) if length is None else min(max(recents), length))]
 
 
 def block_size_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:

@@ -8,7 +8,7 @@ every answer token is the most likely token after those before it (so exact matc
 decoding, for the answer's length, comes from the same pass). Passkey prompts are answered freely
 too (a copy of the prefilled cache decodes greedily): right when the answer is exact and clean as
 `eval passkey --format chat` scores it (its first number is the key, no phrase repeated before it),
-however the model words it. Text: perplexity over windows (eval/perplexity.py); its loss is log(ppl).
+however the model words it. Text: perplexity over text windows (eval/perplexity.py); its loss is log(ppl).
 KV memory: the plan's bytes at `context` tokens, batch 1, in the model's dtype.
 """
 
@@ -47,21 +47,21 @@ class TuneWork:
     """The tokenized data: answered prompts (chat, passkey) or text windows (text)."""
 
     prompts: tuple[AnsweredPrompt, ...] = ()
-    windows: tuple[torch.Tensor, ...] = ()
-    scored: int = 0  # text: tokens scored at the end of each window
+    text_windows: tuple[torch.Tensor, ...] = ()
+    scored: int = 0  # text: tokens scored at the end of each text window
     decode: Callable[[list[int]], str] | None = None  # passkey prompts: the free answer's text
 
     @property
     def items(self) -> int:
-        return len(self.prompts) or len(self.windows)
+        return len(self.prompts) or len(self.text_windows)
 
 
 def tokenized(data: TuneData, tokenizer, model_config, samples: int, context: int) -> TuneWork:
     """`data` as token ids, refused (before the weights load) when it does not fit the model."""
     if data.kind == "text":
-        windows = text_windows(tokenizer, data.text, context, samples)
+        taken = text_windows(tokenizer, data.text, context, samples)
         refuse_beyond_positions([context], model_config, "give a smaller --context")
-        return TuneWork(windows=tuple(windows), scored=context // 2)
+        return TuneWork(text_windows=tuple(taken), scored=context // 2)
     check_chat_template(tokenizer)
     prompts = passkey_prompts(tokenizer, samples, context) if data.kind == "passkey" else chat_rows(data, tokenizer)
     longest = max(len(p.prompt) + max(len(p.answer), NEW_TOKENS) for p in prompts)
@@ -113,9 +113,11 @@ def point(model, sparsity: float, plan: dr.Plan, work: TuneWork, context: int, t
     dtype = next(model.parameters()).dtype
     full = dr.uniform_plan(plan.shape, dr.Full()).kv_bytes(context, 1, dtype)
     kv_bytes = plan.kv_bytes(context, 1, dtype)
-    if work.windows:
-        config = PerplexityConfig(rows=("full",), context=context, text_windows=len(work.windows), scored=work.scored)
-        loss, exact = math.log(plan_ppl(model, plan, work.windows, config, tick)), None
+    if work.text_windows:
+        config = PerplexityConfig(
+            rows=("full",), context=context, text_windows=len(work.text_windows), scored=work.scored
+        )
+        loss, exact = math.log(plan_ppl(model, plan, work.text_windows, config, tick)), None
     else:
         scores = []
         with dr.apply(model, plan) as runtime:
@@ -132,7 +134,7 @@ def point(model, sparsity: float, plan: dr.Plan, work: TuneWork, context: int, t
 def measure_curve(
     model, profile: dr.Profile, work: TuneWork, sparsities: tuple[float, ...], context: int, progress: Progress
 ) -> list[CurvePoint]:
-    """Full attention (sparsity 0) and every sparsity of `sparsities`, on the same prompts or windows."""
+    """Full attention (sparsity 0) and every sparsity of `sparsities`, on the same prompts or text windows."""
     model.eval()
     wanted = sorted({0.0, *sparsities})
     total, done = len(wanted) * work.items, 0

@@ -1,4 +1,4 @@
-"""Block-sparse FlexAttention over rank tensors: the masks of sink/window and causal attention
+"""Block-sparse FlexAttention over rank tensors: the masks of sink-window and causal attention
 as `BlockMask`s built from per-block rank bounds, never from an N×N tensor.
 
 A rank is a token's index among the real tokens of its row (-1: padding, an empty slot, or

@@ -17,7 +17,7 @@ from transformers import LlamaConfig
 import duocal_runtime as dr
 
 from ..planning.budget import Budget
-from .pool_capacity import synthetic_profile
+from .pool_requests import synthetic_profile
 from .shapes import SHAPES
 
 

@@ -52,7 +52,7 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
     row, bits = kv_bits_of(base_row(row))
     if bits != 16 and row != "h2o50":
         return dr.with_kv_bits(row_plan(row, shape, context), bits)
-    window = dr.SinkWindow(SINK, RECENT)
+    sink_window = dr.SinkWindow(SINK, RECENT)
     if row == "full":
         return dr.uniform_plan(shape, dr.Full())
     if row in ("stream50", "stream75", "mixed50", "mixed75"):
@@ -62,9 +62,9 @@ def row_plan(row: str, shape: dr.ModelShape, context: int) -> dr.Plan | None:
             if row.startswith("stream")
             else random.Random(0).sample(range(shape.num_kv_heads_total), count)
         )
-        return dr.plan_from_bounded_set(shape, set(heads), window)
+        return dr.plan_from_bounded_set(shape, set(heads), sink_window)
     if row == "h2o50":
-        capacity = (context + window.capacity) // 2  # per head: the mean of full and streaming
+        capacity = (context + sink_window.capacity) // 2  # per head: the mean of full and streaming
         quantized = {} if bits == 16 else {"kv_bits": bits, "group": default_group(shape.head_dim)}
         return dr.uniform_plan(shape, dr.H2O.halves(capacity, **quantized))
     if row in ("dynamic", "static", *H.HF_QUANTIZED):

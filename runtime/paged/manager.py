@@ -139,7 +139,7 @@ class DuoBatchingManager(ContinuousBatchingManager):
             raise PlanRequestError(
                 f"a request of {prompt} prompt + {new_tokens} new tokens needs "
                 f"{bytes_with_count(cache.bytes_for(tokens))} of KV cache, more than the whole pool "
-                f"({bytes_with_count(cache.capacity_bytes())}); send a shorter one or start the server with more "
+                f"({bytes_with_count(cache.pool_size())}); send a shorter one or start the server with more "
                 "KV memory"
             )
         if cache.chunk_sensitive and prompt > cache.max_batch_tokens:

@@ -172,7 +172,8 @@ class DuoPagedCache(PagedAttentionCache):
         per_sector = {name: self.bytes_per_sector // ca.bytes_per_block for name, ca in self.cache_allocators.items()}
         return sum(ceil(n / per_sector[name]) for name, n in blocks.items())
 
-    def capacity_bytes(self) -> int:
+    def pool_size(self) -> int:
+        """The pool's bytes (its sectors')."""
         return self.num_sectors * self.bytes_per_sector
 
     def free_sectors(self) -> int:
@@ -268,10 +269,10 @@ def pool_summary(cache: DuoPagedCache, context: int, page_size: int) -> dict:
     held = cache.count_storable_requests([need] * ceiling)
     plain_per_request = plain_request_bytes(cache.plan.shape, cache.dtype, context, page_size)
     return {
-        "kv_bytes": cache.capacity_bytes(),
+        "kv_bytes": cache.pool_size(),
         "context": context,
         "requests": held,
-        "plain_requests": cache.capacity_bytes() // plain_per_request,
+        "plain_requests": cache.pool_size() // plain_per_request,
         "bytes_per_request": cache.bytes_for(context),
         "plain_bytes_per_request": plain_per_request,
     }

@@ -270,6 +270,6 @@ FULL_SLACK = 1 / 64
 FULL_ALIGN = 8
 
 
-def full_capacity(needed: int, first: bool) -> int:
+def full_slots(needed: int, first: bool) -> int:
     """Slots a dynamic full group allocates to hold `needed` tokens (exact on the first pass)."""
     return needed if first else needed + max(FULL_ALIGN, math.ceil(needed * FULL_SLACK))

@@ -15,7 +15,7 @@ import torch
 from ..attention.dense import attend_every_slot, decode_sdpa
 from ..errors import PlanError
 from ..quant.codes import GROUP, RESIDUAL, check_code_head_dim, check_code_sizes, quantized_bytes
-from .base import DecodeStep, HeadGroup, HeadPolicy, Step, full_capacity, register_policy
+from .base import DecodeStep, HeadGroup, HeadPolicy, Step, full_slots, register_policy
 from .static_buffers import allocate_static, check_room
 
 CODE_DEFAULTS = {"group": GROUP, "residual": RESIDUAL}
@@ -95,9 +95,9 @@ class FullGroup(HeadGroup):
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         needed = self.length + k.shape[2]
         if self.k is None or needed > self.k.shape[2]:
-            capacity = full_capacity(needed, first=self.k is None)
-            new_k = k.new_empty(*k.shape[:2], capacity, k.shape[3])
-            new_v = v.new_empty(*v.shape[:2], capacity, v.shape[3])
+            slots = full_slots(needed, first=self.k is None)
+            new_k = k.new_empty(*k.shape[:2], slots, k.shape[3])
+            new_v = v.new_empty(*v.shape[:2], slots, v.shape[3])
             if self.k is not None:
                 new_k[:, :, : self.length] = self.k[:, :, : self.length]
                 new_v[:, :, : self.length] = self.v[:, :, : self.length]

@@ -13,7 +13,7 @@ import torch
 from ..attention.dense import attend_every_slot
 from ..quant import codes as Q
 from ..quant.attention import quantized_attention
-from .base import HeadGroup, Step, full_capacity
+from .base import HeadGroup, Step, full_slots
 
 QUERY_BLOCK = 128  # queries of one pass attended at once to quantized history
 PARTS = ("k_codes", "k_scale", "k_zero", "v_codes", "v_scale", "v_zero")
@@ -102,13 +102,13 @@ class QuantizedFullGroup(HeadGroup):
         new = {"k_codes": keys.codes, "k_scale": keys.scale, "k_zero": keys.zero}
         new |= {"v_codes": values.codes, "v_scale": values.scale, "v_zero": values.zero}
         grow = self.k_codes is None or n + move > self.k_codes.shape[2]
-        tokens = -(-full_capacity(n + move, first=self.k_codes is None) // g) * g  # whole groups
+        tokens = -(-full_slots(n + move, first=self.k_codes is None) // g) * g  # whole groups
         for name, part in new.items():
             per_group = name in ("k_scale", "k_zero")  # key scales: one row per group of tokens
-            start, stop, capacity = (n // g, (n + move) // g, tokens // g) if per_group else (n, n + move, tokens)
+            start, stop, slots = (n // g, (n + move) // g, tokens // g) if per_group else (n, n + move, tokens)
             buffer = getattr(self, name)
             if grow:
-                grown = part.new_empty(*part.shape[:2], capacity, part.shape[3])
+                grown = part.new_empty(*part.shape[:2], slots, part.shape[3])
                 if buffer is not None:
                     grown[:, :, :start] = buffer[:, :, :start]
                 setattr(self, name, buffer := grown)

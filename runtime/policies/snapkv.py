@@ -8,7 +8,7 @@ tokens are kept. Query-aware: it chooses by what the end of the prompt asks, so 
 after the context is compressed finds only what the context's own end looked at.
 
 Here it then behaves as a fixed capacity (the reference lets decode tokens grow the cache): the last
-`window` tokens stay, a token that leaves the window is evicted unless it was selected, and the
+`window` tokens stay, a token that leaves the observation window is evicted unless it was selected, and the
 selection is redone at the end of every prefill pass (a follow-up turn re-selects among what is
 kept). Storage and decode are the h2o groups' (one slot per evicted token, no copies).
 """
@@ -27,7 +27,7 @@ from ..checks import renamed_keyword
 from .base import Step, register_policy
 from .heavy_hitters import H2OGroup, HeavyHitterPolicy, StaticH2OGroup
 
-POOL_KERNEL = 5  # the SnapKV reference's default average pooling of window attention along keys
+POOL_KERNEL = 5  # the SnapKV reference's default average pooling of observation window attention along keys
 PINNED = float("inf")  # the score of a selected token: never evicted until the next selection
 
 
@@ -43,31 +43,31 @@ class SnapKV(HeavyHitterPolicy):
         """SnapKV keeping `capacity` tokens per head: an observation window of 32 (a quarter of a
         capacity under 128), the rest selected. (`budget=` is the deprecated name of `capacity`.)"""
         capacity = renamed_keyword("SnapKV.keeping", "capacity", capacity, "budget", budget)
-        window = max(1, min(32, capacity // 4))
-        return cls(selected=capacity - window, window=window)
+        observation_window = max(1, min(32, capacity // 4))
+        return cls(selected=capacity - observation_window, window=observation_window)
 
     def protected(self, k_rank, real_total):
         """The last `window` real tokens (the observation window of the next selection)."""
         return R.in_sink_or_recent(k_rank, real_total[..., None] - 1, 0, self.window)
 
     def priority(self, score, k_rank, real_total):
-        """Selected and window tokens first (+inf), then newer before older, empty slots last (-inf)."""
+        """Selected and observation window tokens first (+inf), then newer before older, empty slots last (-inf)."""
         keep = (score == PINNED) | self.protected(k_rank, real_total)
         prio = torch.where(keep, torch.full_like(score, PINNED), k_rank.to(score.dtype))
         return torch.where(k_rank >= 0, prio, torch.full_like(score, float("-inf")))
 
     def keeps(self, k_rank, real_total, score=None):
-        """With `score` as the window's pooled attention: the window and the top `selected` before it."""
+        """With `score` as the observation window's pooled attention: it and the top `selected` before it."""
         if score is None:
             raise ValueError("snapkv keeps tokens by the observation window's attention: pass score")
-        window = self.protected(k_rank, real_total)
-        candidates = (k_rank >= 0) & ~window
+        observation_window = self.protected(k_rank, real_total)
+        candidates = (k_rank >= 0) & ~observation_window
         ranked = score.masked_fill(~candidates, float("-inf"))
         count = min(self.selected, int(candidates.sum(-1).max()))
-        chosen = torch.zeros_like(window)
+        chosen = torch.zeros_like(observation_window)
         if count:
             chosen.scatter_(-1, ranked.topk(count, dim=-1).indices, True)
-        return window | (chosen & candidates)
+        return observation_window | (chosen & candidates)
 
     def make_group(self, kv_heads, rep, max_length=None):
         return SnapKVGroup(self, kv_heads, rep) if max_length is None else StaticSnapKVGroup(self, kv_heads, rep)

@@ -1,6 +1,7 @@
 """Public names renamed to the glossary's words (docs/contributing/glossary.md) keep their old
 spelling for a release: it warns, names the new one, and gives the same answer."""
 
+import runpy
 from dataclasses import dataclass
 
 import pytest
@@ -50,9 +51,19 @@ def test_a_policy_written_with_budget_gets_it_as_its_capacity():
     assert OldStyle().capacity == 9 and OldStyle().tokens_kept(100) == 9 and OldStyle().tokens_kept(5) == 5
 
 
-def test_deploy_defaults_window_is_their_sink_window_and_warns():
+def test_the_old_deploy_defaults_attribute_is_their_sink_window_and_warns():
     deploy = dr.DeployDefaults(sizes={"sink_window": {"sink": 8, "recent": 40}})
     with pytest.warns(
         DeprecationWarning, match=r"DeployDefaults\.window is deprecated: use DeployDefaults\.sink_window"
     ):
         assert deploy.window == deploy.sink_window == dr.SinkWindow(8, 40)
+
+
+def test_the_pool_capacity_benchmark_is_the_pool_requests_one_and_warns():
+    from duocal_runtime.bench import pool_requests
+
+    with pytest.warns(
+        DeprecationWarning, match=r"bench\.pool_capacity is deprecated: use duocal_runtime\.bench\.pool_requests"
+    ):
+        old = runpy.run_module("duocal_runtime.bench.pool_capacity")  # fresh each time: warns even when imported before
+    assert old["main"] is pool_requests.main and old["synthetic_profile"] is pool_requests.synthetic_profile

@@ -54,7 +54,7 @@ def offline_engines(reference: dict, wrong_profile: Path) -> list[dict]:
         {"name": "all_full", "prompts": [*prompts, long_prompt], "enable_prefix_caching": True,
          "hf_overrides": duo_overrides(duocal_sparsity=0)},
         # the plan from the environment only: every head sink_window, sink 32 + recent 128 (eviction changes answers)
-        {"name": "small_window", "prompts": prompts, "hf_overrides": {"architectures": ["DuoLlamaForCausalLM"]},
+        {"name": "small_sink_window", "prompts": prompts, "hf_overrides": {"architectures": ["DuoLlamaForCausalLM"]},
          "env": {"DUOCAL_PROFILE": str(PROFILE), "DUOCAL_SPARSITY": "1.0", **small}},
         # the shipped profile at 0.75 (23 full + 67 streaming heads after group fitting): its kernel calls per step
         {"name": "shipped_075", "prompts": prompts[:1], "max_tokens": 8, "block_size": 64,

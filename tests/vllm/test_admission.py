@@ -34,7 +34,7 @@ def threshold_of(argv: list[str]) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
 
 
-def test_serve_caps_each_requests_chunk_at_the_window_when_the_plan_streams(model_folder):
+def test_serve_caps_each_requests_chunk_at_the_recent_size_when_the_plan_streams(model_folder):
     assert threshold_of(vllm_launch(VllmServe(NAME, sparsity=0.5)).argv) == "512"
     assert threshold_of(vllm_launch(VllmServe(NAME, sparsity=0)).argv) is None  # all full: stock behaviour
     given = vllm_launch(VllmServe(NAME, sparsity=0.5, vllm_args=("--long-prefill-token-threshold=2048",))).argv
@@ -82,7 +82,7 @@ def layer_specs(vllm_config) -> dict:
     }
 
 
-def capacity_tokens(vllm_config, space: int = GiB) -> int:
+def kv_tokens(vllm_config, space: int = GiB) -> int:
     kv_config = get_kv_cache_configs(vllm_config, [layer_specs(vllm_config)], [space])[0]
     return get_kv_cache_capacity(vllm_config, kv_config)[0]
 
@@ -90,10 +90,10 @@ def capacity_tokens(vllm_config, space: int = GiB) -> int:
 @pytest.mark.parametrize(("sparsity", "target"), [(0.5, 1.7), (0.75, 2.6)])
 def test_at_the_default_batch_budget_a_plan_holds_the_issues_multiple_of_stock(model_folder, sparsity, target):
     capped = engine_config(model_folder, sparsity, threshold=512)
-    stock = capacity_tokens(engine_config(model_folder, 0, threshold=0))
+    stock = kv_tokens(engine_config(model_folder, 0, threshold=0))
     assert capped.scheduler_config.max_num_batched_tokens >= 2048  # vLLM-CPU's default, not lowered here
-    ratio = capacity_tokens(capped) / stock
-    uncapped = capacity_tokens(engine_config(model_folder, sparsity, threshold=0)) / stock
+    ratio = kv_tokens(capped) / stock
+    uncapped = kv_tokens(engine_config(model_folder, sparsity, threshold=0)) / stock
     print(f"sparsity {sparsity}: {ratio:.2f}x stock with the chunk cap, {uncapped:.2f}x without")
     assert ratio >= target
     assert uncapped < ratio  # without the cap a streaming head is reserved a whole in-flight batch

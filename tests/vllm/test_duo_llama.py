@@ -16,10 +16,12 @@ def test_an_all_full_plan_gives_stock_vllm_tokens_and_kv_size(offline, reference
     assert kv_cache_tokens(duo.log) == kv_cache_tokens(stock.log)
 
 
-def test_every_head_streaming_with_a_small_window_from_the_environment_gives_duocal_runtime_tokens(offline, reference):
+def test_every_head_streaming_with_a_small_sink_window_from_the_environment_gives_duocal_runtime_tokens(
+    offline, reference
+):
     """Sink 32 + recent 128 on every head, the profile and sizes from DUOCAL_* only: eviction changes the answers."""
     assert any(case["full"] != case["duo_small"] for case in reference["cases"])
-    run = offline["small_window"]
+    run = offline["small_sink_window"]
     assert run.tokens is not None, run.log[-3000:]
     assert run.tokens == [case["duo_small"] for case in reference["cases"]]
     assert kv_cache_tokens(run.log) > kv_cache_tokens(offline["stock"].log)

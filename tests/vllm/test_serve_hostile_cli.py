@@ -334,9 +334,9 @@ def test_a_config_files_block_size_and_chunk_cap_are_the_users(tmp_path, no_serv
 @pytest.mark.parametrize("length, cap", [("0.1k", 100), ("1K", 1024), ("96", 96), ("auto", None), ("-1", None)])
 def test_the_chunk_cap_reads_max_model_len_as_vllm_does(length, cap, no_server_start):
     """vLLM reads --max-model-len with k (1000) and K (1024) suffixes, and auto / -1 as the model's own."""
-    window = chunk_cap(launch_argv(()))
-    assert window > 100  # else the suffixes would not show
-    assert chunk_cap(launch_argv(("--max-model-len", length))) == (window if cap is None else min(window, cap))
+    recent = chunk_cap(launch_argv(()))
+    assert recent > 100  # else the suffixes would not show
+    assert chunk_cap(launch_argv(("--max-model-len", length))) == (recent if cap is None else min(recent, cap))
 
 
 def chunk_cap(argv: list[str]) -> int:

@@ -191,7 +191,7 @@ def test_a_request_ending_exactly_at_max_model_len_is_served_and_one_past_it_is_
 
 
 @pytest.mark.parametrize("length", [1, 63, 64, 65, 575, 576, 577, MAX_MODEL_LEN - 12])
-def test_a_prompt_ending_at_the_edges_of_the_sink_and_the_window_continues_as_its_own_prefix(
+def test_a_prompt_ending_at_the_edges_of_the_sink_and_the_recent_tokens_continues_as_its_own_prefix(
     hostile_server, reference, length
 ):
     """Greedy tokens t1..t8 after a prompt P; then P + t1..t4 gives t5..t8: the cache the decode steps wrote

@@ -132,7 +132,7 @@ def test_bf16_matches_the_reference_and_the_gather_path(sink, recent, block_size
     torch.testing.assert_close(gathered.float(), expected, atol=2e-2, rtol=2e-2)
 
 
-def test_a_decode_step_is_one_virtual_request_per_request_and_a_chunk_one_per_window_block():
+def test_a_decode_step_is_one_virtual_request_per_request_and_a_chunk_one_per_recent_block():
     sink, recent, block = 64, 128, 32
     qsl = torch.tensor([0, 1, 2, 102], dtype=torch.int32)
     seq_lens = torch.tensor([100, 500, 400], dtype=torch.int32)  # the last: queries at 300..399

@@ -14,11 +14,11 @@ def streaming(sink: int = 64, recent: int = 512) -> SinkWindowSpec:
     return SinkWindowSpec(sink=sink, sliding_window=recent, **PAGE)
 
 
-def test_streaming_heads_of_one_sink_and_window_share_a_group():
+def test_streaming_heads_of_one_sink_and_recent_share_a_group():
     assert UniformTypeKVCacheSpecs.is_uniform_type({"a": streaming(), "b": streaming()})
 
 
-def test_streaming_heads_with_other_sinks_windows_or_plain_windows_do_not():
+def test_streaming_heads_with_other_sinks_recents_or_plain_sliding_layers_do_not():
     """`SlidingWindowSpec`'s own check compares the window only: with it, a sink of 128 would share the group of a
     sink of 64 (and keep half its sink blocks), and a plain sliding-window layer would keep sink blocks it never
     reads."""

@@ -3,7 +3,7 @@ plans balanced for vLLM's size, unbalanced plans refused naming layers, and real
 
 SmolLM2's 3 KV heads do not split over 2 ranks, so the engines run a random-weight Llama of 4 layers x 4 KV heads
 (8 query heads, head_dim 32) with SmolLM2's tokenizer: tensor parallel size 2 (vLLM's "mp" executor, one core
-per rank) against size 1, fp32, greedy, prompts of 400-1,000 tokens that cross sink 64 + window 256."""
+per rank) against size 1, fp32, greedy, prompts of 400-1,000 tokens that cross sink 64 + recent 256."""
 
 import random
 import shutil
@@ -15,9 +15,10 @@ import torch
 import duocal_runtime as dr
 from duocal.serving.vllm_launch import VllmServe, vllm_launch
 from duocal_runtime.planning.tensor_parallel import shards, unbalanced_layers
+from duocal_vllm import plugin
 from duocal_vllm.group_fit import group_slots, vllm_head_table
 from duocal_vllm.head_plan import SETTINGS, DuoVllmError, HeadSpec, check_balanced, load_head_table
-from duocal_vllm.plugin import capacity_line, stock_kv_tokens
+from duocal_vllm.plugin import kv_tokens_line, stock_kv_tokens
 from duocal_vllm.rank_heads import rank_table
 
 from helpers.vllm_engines import PROFILE, SMOLLM2, kv_cache_tokens, run_engines
@@ -107,19 +108,26 @@ def test_group_fitting_under_tensor_parallel_keeps_every_rank_balanced():
     assert full_before < {(layer, s.kv_head) for layer, row in enumerate(table) for s in row if s.is_full}
 
 
-def test_the_capacity_line_compares_with_stock_vllm_on_one_rank(tiny_profile):
+def test_the_kv_tokens_line_compares_with_stock_vllm_on_one_rank(tiny_profile):
     """Under tensor parallelism the KV space is per rank: stock vLLM holds 1 GiB / (4 layers x 2 x 2 KV heads x 32 x
     4 bytes) = 524,288 tokens per rank (its own start-up line with this model on 2 ranks, max_model_len 2048)."""
     config = SimpleNamespace(**tiny_config(tiny_profile, **SIZES).__dict__, architectures=["DuoLlamaForCausalLM"])
     engine = vllm_config(2)
     engine.model_config.hf_config = config
     engine.cache_config.__dict__.update(kv_cache_size_tokens=786_432, kv_cache_memory_bytes=2**30, cache_dtype="auto")
-    assert "= 1.50x the 524,288 tokens stock vLLM holds in the same 1 GiB" in capacity_line(engine)
+    assert "= 1.50x the 524,288 tokens stock vLLM holds in the same 1 GiB" in kv_tokens_line(engine)
     assert stock_kv_tokens(2**30, 4, 2, 32, 4, 64, 2048) == 524_288
     engine.parallel_config.tensor_parallel_size = 8  # more ranks than KV heads: vLLM gives each rank one, replicated
     engine.model_config.hf_config.duocal_sparsity = 0  # all full: vLLM's own model, which replicates KV heads
     assert all(s.is_full for row in vllm_head_table(config, engine) for s in row)
-    assert "the 1,048,576 tokens stock vLLM holds" in capacity_line(engine)
+    assert "the 1,048,576 tokens stock vLLM holds" in kv_tokens_line(engine)
+
+
+def test_the_stat_loggers_old_name_is_the_kv_tokens_log_and_warns():
+    with pytest.warns(
+        DeprecationWarning, match=r"plugin\.DuoCapacityLog is deprecated: use duocal_vllm\.plugin\.DuoKVTokensLog"
+    ):
+        assert plugin.DuoCapacityLog is plugin.DuoKVTokensLog
 
 
 def test_serve_plans_for_the_tensor_parallel_size_it_passes_to_vllm(model_folder):

@@ -69,11 +69,11 @@ def held_out(reranked) -> dict:
     config = PasskeyEvalConfig(
         rows=("full", "duo", "random"), sparsities=(0.5,), contexts=(1024,), samples=100, random_seeds=3, format="demo"
     )
-    window = config.sink_window(profile)
+    sink_window = config.sink_window(profile)
     plans = {
-        "duo 14/16": duo_plan(profile, 14 / 16, window),  # the duo row's own plan at 14/16
+        "duo 14/16": duo_plan(profile, 14 / 16, sink_window),  # the duo row's own plan at 14/16
         **{
-            name: dr.plan(p, sparsity=14 / 16, policy="sink_window", sink=window.sink, recent=window.recent)
+            name: dr.plan(p, sparsity=14 / 16, policy="sink_window", sink=sink_window.sink, recent=sink_window.recent)
             for name, p in (("upstream-ties", tied), ("measured", reranked))
         },
     }

@@ -38,7 +38,7 @@ def test_copy_writes_the_recipe_and_its_deepspeed_config_and_refuses_to_overwrit
     assert unknown.exit_code == 1 and "no shipped recipe 'calibrate_nope'" in unknown.stderr
 
 
-def test_eval_policies_and_windows_are_the_old_names_of_rows_and_text_windows_with_a_warning():
+def test_the_old_eval_options_of_rows_and_text_windows_still_work_with_a_warning():
     result = runner.invoke(app, ["eval", "ppl", "--policies", "full", "--context", "256", "--windows", "1", "--json"])
     assert result.exit_code == 0, result.output
     assert "--policies is deprecated for evaluation rows; use --rows" in result.stderr

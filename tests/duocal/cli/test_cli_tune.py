@@ -35,7 +35,7 @@ def tune(*args):
 
 
 def tune_on_text(inputs, samples, sparsities, *more):
-    """`duocal tune` on the tiny model, its profile and the text in windows of 64 tokens."""
+    """`duocal tune` on the tiny model, its profile and the text in text windows of 64 tokens."""
     model, profile, text = inputs
     return tune(
         model,
@@ -115,7 +115,7 @@ def test_the_choice_follows_the_table_not_the_input_profile(inputs, tmp_path, mo
 
 
 def test_a_flat_curve_deploys_the_highest_sparsity(inputs, tmp_path):
-    """Windows of 64 tokens and a sink window that holds 1000: every plan keeps every token, so every
+    """Text windows of 64 tokens and a sink window that holds 1000: every plan keeps every token, so every
     sparsity's perplexity is full attention's and the highest measured sparsity must be chosen."""
     _model, profile, _text = inputs
     dr.save_profile(dr.load_profile(profile).with_deploy(dr.SinkWindow(sink=4, recent=1000)), profile)
@@ -149,7 +149,10 @@ BAD = {
     "output in a file": (["--output", "{tmp}/empty.jsonl/x.json"], "not a folder"),
     "plot suffix": (["--plot", "{tmp}/curve.txt"], "give a file name ending in .png"),
     "negative tolerance": (["--tolerance", "-1"], "--tolerance"),
-    "text shorter than a window": (["--data", "{tmp}/short.txt", "--context", "512"], "fewer than one window"),
+    "text shorter than a text window": (
+        ["--data", "{tmp}/short.txt", "--context", "512"],
+        "fewer than one text window",
+    ),
     "output is the plot": (["--output", "{tmp}/c.png", "--plot", "{tmp}/c.png"], "--output and --plot name the same"),
     "plot links to the output": (["--plot", "{tmp}/alias.png"], "--output and --plot name the same file"),
     "output is the data": (

@@ -19,7 +19,7 @@ from helpers.profiles import random_profile
 
 runner = CliRunner()
 SHAPE = dr.ModelShape(4, 8, 4, 16)
-WINDOW = dr.SinkWindow(sink=8, recent=32)
+SINK_WINDOW = dr.SinkWindow(sink=8, recent=32)
 ROW_KEYS = {
     "policy",
     "context",
@@ -40,9 +40,9 @@ ROW_KEYS = {
 @pytest.mark.parametrize("context", [200, 512, 1024])
 def test_h2o_matches_the_duo_budget(sparsity, context):
     profile = random_profile(layers=4, kv_heads=4, heads=8, head_dim=16)
-    duo = variants.duo_plan(profile, sparsity, WINDOW)
+    duo = variants.duo_plan(profile, sparsity, SINK_WINDOW)
     target = duo.kv_tokens(context)
-    assert variants.matched_tokens(SHAPE, sparsity, WINDOW, context) == target  # any head choice costs the same
+    assert variants.matched_tokens(SHAPE, sparsity, SINK_WINDOW, context) == target  # any head choice costs the same
     h2o = variants.h2o_plan(SHAPE, target, context)
     assert all(isinstance(p, dr.H2O) for row in h2o.policies for p in row)
     # at most the duo bytes, and short of them by less than one token per head
@@ -51,21 +51,21 @@ def test_h2o_matches_the_duo_budget(sparsity, context):
 
 
 def test_random_plans_draw_the_same_count_differently_and_reproducibly():
-    plans = variants.random_plans(SHAPE, 0.75, WINDOW, seeds=[0, 1, 2])
+    plans = variants.random_plans(SHAPE, 0.75, SINK_WINDOW, seeds=[0, 1, 2])
     streaming = [
         frozenset(i for i, p in enumerate(p for row in plan.policies for p in row) if not isinstance(p, dr.Full))
         for plan in plans
     ]
     assert [len(s) for s in streaming] == [12, 12, 12]
     assert len(set(streaming)) == 3
-    assert variants.random_plans(SHAPE, 0.75, WINDOW, seeds=[0, 1, 2]) == plans
+    assert variants.random_plans(SHAPE, 0.75, SINK_WINDOW, seeds=[0, 1, 2]) == plans
 
 
 def test_variants_cover_policy_by_sparsity():
     profile = random_profile(layers=4, kv_heads=4, heads=8, head_dim=16)
     config = PasskeyEvalConfig(sparsities=(0.25, 0.5), random_seeds=2)
-    inputs = variants.RowInputs(SHAPE, 512, WINDOW, profile, config.random_seeds)
-    rows = variants.build_rows(config.rows, config.sparsities, inputs, {"mine": dr.uniform_plan(SHAPE, WINDOW)})
+    inputs = variants.RowInputs(SHAPE, 512, SINK_WINDOW, profile, config.random_seeds)
+    rows = variants.build_rows(config.rows, config.sparsities, inputs, {"mine": dr.uniform_plan(SHAPE, SINK_WINDOW)})
     assert [(v.row, v.sparsity, len(v.plans)) for v in rows] == [
         ("full", 0.0, 1),
         ("duo", 0.25, 1),
@@ -90,7 +90,7 @@ def test_pad_batch_left_right_and_multiple():
     assert mask.long().tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]
 
 
-def test_window_defaults_to_the_profile():
+def test_the_sink_window_defaults_to_the_profile():
     profile = random_profile().with_deploy(dr.SinkWindow(4, 12))
     assert PasskeyEvalConfig().sink_window(profile) == dr.SinkWindow(4, 12)
     assert PasskeyEvalConfig(recent=20).sink_window(profile) == dr.SinkWindow(4, 20)
@@ -104,7 +104,7 @@ def test_batched_answers_equal_answers_alone(tiny_llama_folder):
     config = PasskeyEvalConfig(format="digits", samples=2)
     samples = pk.make_samples(tokenizer, 600, config) + pk.make_samples(tokenizer, 520, config)
     pad = pad_token_id(tokenizer, model.config)
-    plan = dr.plan_from_bounded_set(dr.shape_of_config(model.config), {1, 2}, WINDOW)
+    plan = dr.plan_from_bounded_set(dr.shape_of_config(model.config), {1, 2}, SINK_WINDOW)
     with dr.apply(model, plan) as runtime:
         together, _ = pk.greedy_answers(model, runtime, pk.make_batches(samples, 4, pad)[0], pad)
         alone = [pk.greedy_answers(model, runtime, pk.make_batches([s], 1, pad)[0], pad)[0][0] for s in samples]

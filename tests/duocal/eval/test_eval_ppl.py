@@ -16,7 +16,7 @@ from duocal.eval.perplexity import PerplexityConfig, evaluate_perplexity, text_w
 TEXT = "the quick brown fox jumps over the lazy dog while the passkey waits. " * 40
 
 
-def test_full_row_equals_the_plain_model_and_a_window_wider_than_the_context_changes_nothing(demo_model):
+def test_full_row_equals_the_plain_model_and_a_sink_window_wider_than_the_context_changes_nothing(demo_model):
     model, tokenizer = demo_model
     config = PerplexityConfig(
         rows=("full", "streaming"), context=300, scored=200, chunk=7, text_windows=2, sink=100, recent=200
@@ -24,9 +24,9 @@ def test_full_row_equals_the_plain_model_and_a_window_wider_than_the_context_cha
     rows = {r.row: r for r in evaluate_perplexity(model, tokenizer, TEXT, config)}
     losses = []
     with torch.no_grad():
-        for window in text_windows(tokenizer, TEXT, 300, 2):
-            logits = model(input_ids=window[None]).logits[0, -201:-1]
-            losses.append(torch.nn.functional.cross_entropy(logits, window[-200:], reduction="none"))
+        for text_window in text_windows(tokenizer, TEXT, 300, 2):
+            logits = model(input_ids=text_window[None]).logits[0, -201:-1]
+            losses.append(torch.nn.functional.cross_entropy(logits, text_window[-200:], reduction="none"))
     plain = math.exp(float(torch.cat(losses).mean()))
     assert rows["full"].ppl == pytest.approx(plain, rel=1e-5)
     assert rows["streaming"].ppl == pytest.approx(plain, rel=1e-5)  # sink + recent = context: nothing evicted
@@ -126,7 +126,7 @@ def test_cli_json_rows_and_clear_errors(tmp_path):
     assert [r["row"] for r in rows] == ["full", "streaming", "hqq4"] and rows[2]["kv_bits"] == 4
     assert set(rows[0]) >= {"policy", "sparsity", "context", "tokens_scored", "ppl", "kv_bytes"}
     short = runner.invoke(app, ["eval", "ppl", "--text", str(text), "--context", "4000"])
-    assert short.exit_code == 1 and "fewer than one window of 4000" in short.output
+    assert short.exit_code == 1 and "fewer than one text window of 4000" in short.output
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00bad")
     bad = runner.invoke(app, ["eval", "ppl", "--text", str(tmp_path / "bin.txt")])
     assert bad.exit_code == 1 and "bin.txt is not UTF-8 text" in bad.output

@@ -56,12 +56,12 @@ def test_demo_retrieval_heads_carry_retrieval():
     assert mass.max() > 4 * max(rest), mass  # and they stand apart from the others
 
     everything = set(range(shape.num_kv_heads_total))
-    window = dr.SinkWindow(sink=16, recent=64)
+    sink_window = dr.SinkWindow(sink=16, recent=64)
     top_two = flat_indices(heads[:2], shape.num_key_value_heads)  # the "14/16 streaming heads"
     plans = {
-        "keep": dr.plan_from_bounded_set(shape, everything - chosen, window),
-        "keep_top2": dr.plan_from_bounded_set(shape, everything - top_two, window),
-        "inverse": dr.plan_from_bounded_set(shape, chosen, window),
+        "keep": dr.plan_from_bounded_set(shape, everything - chosen, sink_window),
+        "keep_top2": dr.plan_from_bounded_set(shape, everything - top_two, sink_window),
+        "inverse": dr.plan_from_bounded_set(shape, chosen, sink_window),
     }
     config = PasskeyEvalConfig(
         rows=("full", "streaming"), contexts=(1024,), samples=24, sink=16, recent=64, batch_size=12

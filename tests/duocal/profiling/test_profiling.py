@@ -14,7 +14,7 @@ from duocal.models import load_model, load_tokenizer
 from duocal.profiling import ProfilerConfig, profile_model
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import selected_by_passes, snapkv_kept
-from duocal.profiling.profiler import recorded_rows, sequences, window_mass
+from duocal.profiling.profiler import observation_mass, recorded_rows, sequences
 from duocal_runtime.planning.head_order import bounded_order
 from duocal_runtime.profile.measurements import Measurement
 
@@ -112,7 +112,7 @@ def snapkv_setup(protocol: str):
         model(input_ids=torch.tensor([seq.ids]), use_cache=False)
     position = {q: a for a, q in enumerate(recorded_rows(seq, [policy]))}
     rep = model.config.num_attention_heads // model.config.num_key_value_heads
-    return model, seq, policy, window_mass(policy, seq, stats.layers[0], position, rep)  # layer 0
+    return model, seq, policy, observation_mass(policy, seq, stats.layers[0], position, rep)  # layer 0
 
 
 def test_snapkv_kept_set_is_what_the_runtime_holds_after_the_prompt():
@@ -184,9 +184,9 @@ def test_cli_profile_writes_a_profile_with_measurements_and_refuses_bad_input(tm
     assert not (tmp_path / "x.json").exists()
 
 
-def test_cli_profile_scores_from_keeps_the_gates_and_measures_at_the_profiles_window(tmp_path):
+def test_cli_profile_scores_from_keeps_the_gates_and_measures_at_the_profiles_sink_window(tmp_path):
     base = dr.load_profile("demo-model")
-    moved = tmp_path / "base.json"  # a deploy window unlike the demo model's usual 16 + 64
+    moved = tmp_path / "base.json"  # a deploy sink window unlike the demo model's usual 16 + 64
     dr.save_profile(base.with_deploy(dr.SinkWindow(8, 32)), moved)
     out = tmp_path / "merged.json"
     result = CliRunner().invoke(
@@ -197,8 +197,8 @@ def test_cli_profile_scores_from_keeps_the_gates_and_measures_at_the_profiles_wi
     assert merged.scores == base.scores and merged.source["kind"] == base.source["kind"]
     assert merged.source["measured_by"]["kind"] == "profiler"
     assert merged.deploy.sink_window == dr.SinkWindow(8, 32)
-    window = merged.measurements["kept:sink_window"].settings["policy"]
-    assert (window["sink"], window["recent"]) == (8, 32)
+    measured = merged.measurements["kept:sink_window"].settings["policy"]
+    assert (measured["sink"], measured["recent"]) == (8, 32)
 
 
 def test_v1_files_load_with_their_flat_sizes_and_save_as_v3(tmp_path):

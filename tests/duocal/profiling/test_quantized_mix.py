@@ -51,16 +51,16 @@ def profile_with_errors(layers=4, kv_heads=2, seed=0, group=8, bits=(8, 4)) -> d
     """A measured profile whose heads differ in how much codes hurt them (head_dim 8)."""
     rng = random.Random(seed)
     shape = dr.ModelShape(layers, kv_heads * 2, kv_heads, 8)
-    window = dr.SinkWindow(4, 12)
+    sink_window = dr.SinkWindow(4, 12)
     table = lambda scale: [[scale * rng.random() for _ in range(kv_heads)] for _ in range(layers)]  # noqa: E731
-    measurements = {kept_name("sink_window"): Measurement(table(1.0), {"policy": window.to_dict()})}
+    measurements = {kept_name("sink_window"): Measurement(table(1.0), {"policy": sink_window.to_dict()})}
     for b in bits:
         policy = dr.Full(kv_bits=b, group=group)
         measurements[error_name(policy.label)] = Measurement(
             table(0.02 if b == 8 else 0.2), {"policy": policy.to_dict()}
         )
     info = dr.ModelInfo(shape, "test/model", None, "LlamaForCausalLM")
-    return dr.Profile(info, table(1.0), {"kind": "profiler"}, dr.DeployDefaults.of(window), measurements)
+    return dr.Profile(info, table(1.0), {"kind": "profiler"}, dr.DeployDefaults.of(sink_window), measurements)
 
 
 def losses_by_label(profile, plan) -> float:
@@ -115,7 +115,7 @@ def test_mixing_widths_without_the_measurement_or_by_tokens_is_refused():
         dr.plan(profile, budget="1MB", context=4096, policies=("full", "full-kv3"))
 
 
-def test_a_plan_of_three_widths_and_a_window_generates_in_dynamic_and_static_caches(tiny_llama):
+def test_a_plan_of_three_widths_and_a_sink_window_generates_in_dynamic_and_static_caches(tiny_llama):
     model = tiny_llama
     shape = dr.shape_of_config(model.config)
     policies = [dr.Full(), dr.Full(kv_bits=8, group=8, residual=8), dr.Full(kv_bits=4, group=8, residual=8)]

@@ -10,7 +10,7 @@ from duocal.profiling.streaming_loss import StreamingGates, answer_loss, frozen,
 
 from helpers.models import tiny_model
 
-WINDOW = dr.SinkWindow(4, 8)
+SINK_WINDOW = dr.SinkWindow(4, 8)
 LENGTH = 40
 
 
@@ -26,7 +26,7 @@ def ids_and_rows(seed: int = 3):
 
 def gated_logits(model, gates: torch.Tensor, ids: list[int]) -> torch.Tensor:
     shape = dr.shape_of_config(model.config)
-    mixer = StreamingGates(WINDOW, shape.num_hidden_layers, shape.num_key_value_heads)
+    mixer = StreamingGates(SINK_WINDOW, shape.num_hidden_layers, shape.num_key_value_heads)
     with torch.no_grad(), attention_function(model, mixer.attention):
         mixer.gates.copy_(gates)
         return model(input_ids=torch.tensor([ids])).logits
@@ -41,20 +41,20 @@ def test_gates_at_one_are_the_full_model_and_a_gate_at_zero_is_the_runtimes_sink
     for streaming in ({1}, {0, 3}, {0, 1, 2, 3}):  # flat (layer, KV head) indices
         gates = torch.ones(2, 2)
         gates.view(-1)[list(streaming)] = 0.0
-        plan = dr.plan_from_bounded_set(shape, streaming, WINDOW)
+        plan = dr.plan_from_bounded_set(shape, streaming, SINK_WINDOW)
         with torch.no_grad(), dr.apply(model, plan):
             expected = model(input_ids=torch.tensor([ids])).logits
         torch.testing.assert_close(gated_logits(model, gates, ids), expected)
-        assert not torch.allclose(expected, full)  # the window really drops keys at this length
+        assert not torch.allclose(expected, full)  # the sink window really drops keys at this length
 
 
 def test_the_score_is_the_first_order_rise_of_the_answer_loss_when_one_head_streams(model):
     ids, rows = ids_and_rows()
-    score = streaming_loss(model, [(ids, rows)], WINDOW, lambda done: None)
+    score = streaming_loss(model, [(ids, rows)], SINK_WINDOW, lambda done: None)
     shape = dr.shape_of_config(model.config)
     step = 1e-3
     for flat in range(4):
-        mixer = StreamingGates(WINDOW, shape.num_hidden_layers, shape.num_key_value_heads)
+        mixer = StreamingGates(SINK_WINDOW, shape.num_hidden_layers, shape.num_key_value_heads)
         with torch.no_grad(), frozen(model), attention_function(model, mixer.attention):
             mixer.gates.view(-1)[flat] = 1.0 - step  # toward streaming
             lower = answer_loss(model, ids, rows)
@@ -68,7 +68,7 @@ def test_the_score_is_the_first_order_rise_of_the_answer_loss_when_one_head_stre
 def test_the_mean_is_over_sequences_and_progress_counts_them(model):
     pairs = [ids_and_rows(seed) for seed in (3, 4)]
     seen = []
-    both = streaming_loss(model, pairs, WINDOW, seen.append)
-    each = [streaming_loss(model, [pair], WINDOW, lambda done: None) for pair in pairs]
+    both = streaming_loss(model, pairs, SINK_WINDOW, seen.append)
+    each = [streaming_loss(model, [pair], SINK_WINDOW, lambda done: None) for pair in pairs]
     torch.testing.assert_close(both, (each[0] + each[1]) / 2)
     assert seen == [1, 2]

@@ -125,7 +125,7 @@ def test_a_profile_for_another_model_fails_at_start_up(tmp_path):
 def test_the_pool_summary_counts_requests_the_scheduler_can_admit(demo_server):
     served, summary, _ = demo_server
     cache = served.manager.cache
-    assert summary["kv_bytes"] == cache.capacity_bytes()
+    assert summary["kv_bytes"] == cache.pool_size()
     assert summary["requests"] >= summary["plain_requests"]
     assert summary["bytes_per_request"] < summary["plain_bytes_per_request"]
     assert summary["requests"] * cache.sectors_for(summary["context"]) <= cache.num_sectors + summary["requests"]

@@ -61,7 +61,7 @@ def random_profile_for(model, sink=2, recent=4):
     return profile.with_deploy(dr.SinkWindow(sink=sink, recent=recent))
 
 
-def test_the_curve_is_flat_when_the_window_holds_the_prompt_and_falls_in_kv_bytes(tiny_llama):
+def test_the_curve_is_flat_when_the_sink_window_holds_the_prompt_and_falls_in_kv_bytes(tiny_llama):
     items = (AnsweredPrompt(PROMPT, ANSWER), AnsweredPrompt(PROMPT[:30], ANSWER[:2]))
     wide = random_profile_for(tiny_llama, sink=4, recent=200)
     points = measure_curve(tiny_llama, wide, TuneWork(prompts=items), (0.5, 0.25, 1.0), 512, lambda *a: None)

@@ -19,7 +19,7 @@ from helpers.models import left_padded_batch
 from helpers.reference_attention import NAME, DenseReference, runtime_kept_ranks
 
 
-def window_mask(q_rank, k_rank, sink, recent):
+def sink_window_mask(q_rank, k_rank, sink, recent):
     """The StreamingLLM rule written out independently of the policy: [B, T, S]."""
     qr, kr = q_rank[..., :, None], k_rank[..., None, :]
     return (kr >= 0) & (qr >= 0) & (kr <= qr) & ((kr < sink) | (kr > qr - recent))
@@ -41,7 +41,9 @@ def stored_ranks(batch: int, slots: int, below: int, seed: int, heads: int | Non
     return out.reshape(*shape, slots)
 
 
-@pytest.mark.parametrize("sink,recent", [(4, 16), (130, 200), (BS.NO_SINK, None)], ids=["window", "wide", "causal"])
+@pytest.mark.parametrize(
+    "sink,recent", [(4, 16), (130, 200), (BS.NO_SINK, None)], ids=["sink-window", "wide", "causal"]
+)
 def test_block_maps_are_the_dense_mask_reduced_per_block(sink, recent):
     q_rank = ranks_with_padding(2, 384, [0, 150], before=200)
     k_rank = torch.cat([stored_ranks(2, 128, 200, seed=1), q_rank], 1)
@@ -49,7 +51,7 @@ def test_block_maps_are_the_dense_mask_reduced_per_block(sink, recent):
     if recent is None:
         dense = R.causal_rank_mask(q_rank, k_rank)
     else:
-        dense = window_mask(q_rank, k_rank, sink, recent)
+        dense = sink_window_mask(q_rank, k_rank, sink, recent)
     blocks = dense.unflatten(1, (-1, BS.BLOCK)).unflatten(3, (-1, BS.BLOCK))  # [B, nq, 128, nk, 128]
     any_visible, all_visible = blocks.any(2).any(-1), blocks.all(2).all(-1)
     assert torch.equal(full, all_visible)
@@ -58,13 +60,13 @@ def test_block_maps_are_the_dense_mask_reduced_per_block(sink, recent):
 
 
 def test_visited_blocks_grow_linearly_with_length():
-    """sink 64 + recent 256: each query block visits the sink block and at most 4 window blocks."""
+    """sink 64 + recent 256: each query block visits the sink block and at most 4 recent blocks."""
     for n in (4096, 16384):
         ranks = torch.arange(n)[None]
         partial, full = BS.visible_blocks(ranks, ranks, 64, 256)
         per_query_block = (partial | full).sum(-1)
         assert int(per_query_block.max()) <= 5
-        assert int(full.sum()) > 0  # blocks inside the window skip the mask function
+        assert int(full.sum()) > 0  # blocks inside the sink window skip the mask function
 
 
 def test_padded_lengths_are_few_and_tight():
@@ -86,7 +88,7 @@ def test_flex_sink_window_equals_masked_attention(monkeypatch, heads, kv, t, sto
     q_rank = ranks_with_padding(b, t, pads, before=stored + 10)
     k_rank = torch.cat([stored_ranks(b, stored, stored + 10, seed=2), q_rank], 1)
     out = sink_window_kernels.sink_window_attention(q, k, v, q_rank, k_rank, dr.SinkWindow(7, 100), 0.25)
-    mask = window_mask(q_rank, k_rank, 7, 100)[:, None]
+    mask = sink_window_mask(q_rank, k_rank, 7, 100)[:, None]
     want = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask | ~mask.any(-1, keepdim=True), scale=0.25, enable_gqa=True
     )

@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 import duocal_runtime as dr
-from duocal_runtime.policies.full import full_capacity
+from duocal_runtime.policies.full import full_slots
 
 from helpers.models import drive_decode, left_padded_batch, padded_decode_steps, tiny_model
 from helpers.models import greedy_with_logits as run
@@ -83,11 +83,11 @@ def test_stored_bytes_equal_the_analytic_size(policy, decode, tiny_llama):
     seen = 30 + decode
     per_token = 2 * shape.head_dim * 4 * 2 * shape.num_key_value_heads * shape.num_hidden_layers  # K+V, fp32, B=2
     if isinstance(policy, dr.Full):
-        slots = full_capacity(30, first=True) if decode == 0 else None
+        slots = full_slots(30, first=True) if decode == 0 else None
         if slots is None:
             slots = 30
             while slots < seen:
-                slots = full_capacity(slots + 1, first=False)
+                slots = full_slots(slots + 1, first=False)
         assert cache.kv_bytes() == slots * per_token
         assert cache.kv_bytes() <= 1.27 * seen * per_token  # tiny contexts: at least 8 slots of slack
     else:

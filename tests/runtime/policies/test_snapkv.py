@@ -14,16 +14,16 @@ from duocal_runtime.policies.base import Step
 from helpers.models import left_padded_batch
 
 
-def by_hand(q, k, selected: int, window: int, scaling: float) -> set[int]:
+def by_hand(q, k, selected: int, observed: int, scaling: float) -> set[int]:
     """One row, one KV head with R query heads: q [R, T, D], k [T, D], keys in rank order 0..T-1."""
     t = k.shape[0]
-    last = torch.arange(t - window, t)
+    last = torch.arange(t - observed, t)
     logits = (q[:, last] @ k.T) * scaling  # [R, W, T]
     logits = logits.masked_fill(torch.arange(t)[None, None, :] > last[None, :, None], float("-inf"))
     mass = logits.softmax(-1).sum((0, 1))  # [T]
     pooled = F.avg_pool1d(mass[None, None], 5, stride=1, padding=2, count_include_pad=False)[0, 0]
-    before = pooled[: t - window]
-    return set(before.topk(selected).indices.tolist()) | set(range(t - window, t))
+    before = pooled[: t - observed]
+    return set(before.topk(selected).indices.tolist()) | set(range(t - observed, t))
 
 
 def test_the_kept_set_is_the_selection_by_hand():
