@@ -88,7 +88,7 @@ def profiler_command(
         typer.Option(
             help="Measure the loss score with the gates at the plan for this sparsity (0 < S < 1; heads the "
             "plan bounds at 0, the others at 1), re-planned from the scores for up to 4 rounds, instead of "
-            "with every gate at 1: for plans at S. The profile's source records S.",
+            "with every gate at 1: for plans at S. The profile deploys at S and its source records S.",
         ),
     ] = None,
     passkeys: Annotated[int, typer.Option(help="Needles per sample.")] = 1,

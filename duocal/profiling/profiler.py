@@ -259,7 +259,7 @@ def profile_model(
     }
     archs = getattr(model.config, "architectures", None) or [None]
     info = dr.ModelInfo(shape, model_name, None, archs[0])
-    deploy = dr.DeployDefaults.of(*config.policies())
+    deploy = dr.DeployDefaults.of(*config.policies(), sparsity=config.loss_at_sparsity or 0.5)  # ranked for it
     source = {"kind": "profiler", "method": SCORE_METHODS[config.chosen_score], "score": config.chosen_score}
     source |= {**settings, **ranked_at, "format": config.format, "seconds": round(seconds, 2)}
     return dr.Profile(info, _table(chosen_scores(measured, config.chosen_score)), source, deploy, measurements)

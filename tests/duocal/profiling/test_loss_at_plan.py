@@ -135,10 +135,12 @@ def test_rounds_must_be_positive():
 def test_the_cli_ranks_at_the_target_sparsity_and_records_it(tmp_path):
     """The demo model, passkey data scored by the answer's loss: the source says where it was ranked."""
     out = tmp_path / "at.json"
-    args = ["profile", "--score", "loss", "--loss-at-sparsity", "0.5", "--samples", "2", "--contexts", "256"]
+    args = ["profile", "--score", "loss", "--loss-at-sparsity", "0.625", "--samples", "2", "--contexts", "256"]
     result = CliRunner().invoke(app, [*args, "--kv-bits", "none", "--output", str(out)])
     assert result.exit_code == 0, result.output
-    source = json.loads(out.read_text())["source"]
-    assert source["score"] == "loss" and source["loss_at_sparsity"] == 0.5
+    written = json.loads(out.read_text())
+    source = written["source"]
+    assert written["deploy"]["sparsity"] == 0.625  # planned where it was ranked by default
+    assert source["score"] == "loss" and source["loss_at_sparsity"] == 0.625
     assert 1 <= source["rounds"] <= lap.ROUNDS and isinstance(source["settled"], bool)
     assert "answer loss" in result.stderr
