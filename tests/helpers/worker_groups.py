@@ -11,3 +11,12 @@ def worker_groups(servers_of: dict[str, set[str]]) -> dict[str, str]:
         together = [g for g in together if not g & used] + ([merged] if merged else [])
     name = {server: "+".join(sorted(g)) for g in together for server in g}
     return {module: name[min(used)] if used else module for module, used in servers_of.items()}
+
+
+def slow_groups_first(groups: list[str], slow: list, own: list) -> list[int]:
+    """The order to run tests in, given each test's group, whether it is slow and whether its group is its own
+    mark (tests spread that way are the longest): groups of such marks first, then the groups holding a slow test,
+    each test otherwise where it was (so a module's tests stay together)."""
+    slow_groups = {g for g, is_slow in zip(groups, slow, strict=True) if is_slow}
+    own_groups = {g for g, is_own in zip(groups, own, strict=True) if is_own}
+    return sorted(range(len(groups)), key=lambda i: (groups[i] not in own_groups, groups[i] not in slow_groups))
