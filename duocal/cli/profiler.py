@@ -20,6 +20,8 @@ PROFILER_EPILOG = """Examples:
 
   duocal profile smollm2-135m-instruct --output smol.json        # chat prompts, heads ranked by the answer's loss
 
+  duocal profile smollm2-135m-instruct --loss-at-sparsity 0.75 --output smol75.json   # ranked for plans at 0.75
+
   duocal profile smollm2-135m-instruct --format digits --haystack repeated --contexts 2048 --output raw.json
 
   duocal profile ./my-model --data text --text book.txt --contexts 4096 --output mine.json
@@ -81,6 +83,14 @@ def profiler_command(
             "for other passkeys, kept for text)."
         ),
     ] = None,
+    loss_at_sparsity: Annotated[
+        float | None,
+        typer.Option(
+            help="Measure the loss score with the gates at the plan for this sparsity (0 < S < 1; heads the "
+            "plan bounds at 0, the others at 1), re-planned from the scores for up to 4 rounds, instead of "
+            "with every gate at 1: for plans at S. The profile deploys at S and its source records S.",
+        ),
+    ] = None,
     passkeys: Annotated[int, typer.Option(help="Needles per sample.")] = 1,
     seed: Annotated[int, typer.Option(help="Sample seed.")] = PROFILER_SEED,
     scores_from: Annotated[
@@ -136,6 +146,7 @@ def profiler_command(
             haystack=haystack or ("repeated" if chosen_format == "chat" else "synthetic"),
             depths=tuple(split(depths, float, "depths")),
             score=score,
+            loss_at_sparsity=loss_at_sparsity,
             num_passkeys=passkeys,
             seed=seed,
             sink=default_sink if sink is None else sink,

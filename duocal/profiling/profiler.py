@@ -35,6 +35,7 @@ from duocal.eval.row_kinds import Progress, refuse_beyond_positions
 from duocal.profiling import PROFILER_SEED
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_keys, kept_share, retrieval_score, selected_by_passes, snapkv_kept
+from duocal.profiling.loss_at_plan import check_loss_at_sparsity, loss_at_sparsity
 from duocal.profiling.profile_scores import SCORE_METHODS, SCORES, chosen_scores
 from duocal.profiling.streaming_loss import streaming_loss
 from duocal_runtime.profile.measurements import Measurement, error_name, kept_name
@@ -58,6 +59,7 @@ class ProfilerConfig:
     kv_bits: tuple[int, ...] = (8, 4)  # widths whose output error is measured on full heads
     depths: tuple[float, ...] = CHAT_DEPTHS  # the chat format: where the key sits in the haystack, in turn
     score: str | None = None  # SCORES; default: loss for the chat format, retrieval for passkeys, kept for text
+    loss_at_sparsity: float | None = None  # the loss score with the gates at this sparsity's plan (loss_at_plan.py)
 
     def __post_init__(self):
         if self.data not in ("passkey", "text") or (self.data == "text" and not self.text):
@@ -71,6 +73,7 @@ class ProfilerConfig:
             raise ValueError("text windows ask no question: the query-agnostic protocol needs passkey data")
         if self.score not in (None, *SCORES) or (self.data == "text" and self.score == "retrieval"):
             raise ValueError(f"score must be one of {', '.join(SCORES)} (text windows have no needle: no retrieval)")
+        check_loss_at_sparsity(self.loss_at_sparsity, self.chosen_score)
         if self.format == "chat":
             check_chat(self.depths, 1, self.protocol, "one", self.haystack)
             if self.num_passkeys != 1:
@@ -241,8 +244,9 @@ def profile_model(
     passes = 2 if config.chosen_score == "loss" else 1
     started = time.perf_counter()
     measured = measure(model, tokenizer, config, lambda done, total, what: report(done, total * passes, what))
+    ranked_at = {}
     if passes == 2:
-        measured["loss"] = answer_loss_score(model, tokenizer, config, report)
+        measured["loss"], ranked_at = answer_loss_score(model, tokenizer, config, report)
     seconds = time.perf_counter() - started
     settings = {"data": config.data, "samples": config.samples, "contexts": list(config.contexts), "seed": config.seed}
     shape = dr.shape_of_config(model.config)
@@ -255,19 +259,24 @@ def profile_model(
     }
     archs = getattr(model.config, "architectures", None) or [None]
     info = dr.ModelInfo(shape, model_name, None, archs[0])
-    deploy = dr.DeployDefaults.of(*config.policies())
+    deploy = dr.DeployDefaults.of(*config.policies(), sparsity=config.loss_at_sparsity or 0.5)  # ranked for it
     source = {"kind": "profiler", "method": SCORE_METHODS[config.chosen_score], "score": config.chosen_score}
-    source |= {**settings, "format": config.format, "seconds": round(seconds, 2)}
+    source |= {**settings, **ranked_at, "format": config.format, "seconds": round(seconds, 2)}
     return dr.Profile(info, _table(chosen_scores(measured, config.chosen_score)), source, deploy, measurements)
 
 
-def answer_loss_score(model, tokenizer, config: ProfilerConfig, report: Progress) -> torch.Tensor:
-    """[L, G]: streaming_loss over the profiler's sequences (their answer rows); progress continues the
-    attention pass's count."""
+def answer_loss_score(model, tokenizer, config: ProfilerConfig, report: Progress) -> tuple[torch.Tensor, dict]:
+    """([L, G], what the source records): streaming_loss over the profiler's sequences (their answer rows),
+    at g = 1 or at `config.loss_at_sparsity`'s plan; progress continues the attention pass's count."""
     pairs = [(seq.ids, seq.loss_rows) for seq in sequences(tokenizer, config)]
     sink_window = dr.SinkWindow(config.sink, config.recent)
     what = "sequences scored by answer loss"
-    return streaming_loss(model, pairs, sink_window, lambda done: report(len(pairs) + done, 2 * len(pairs), what))
+    if config.loss_at_sparsity is None:
+        scores = streaming_loss(model, pairs, sink_window, lambda done: report(len(pairs) + done, 2 * len(pairs), what))
+        return scores, {}
+    progress = lambda done, total: report(len(pairs) + done, len(pairs) + total, what)  # noqa: E731
+    ranked = loss_at_sparsity(model, pairs, sink_window, config.loss_at_sparsity, progress)
+    return ranked.scores, ranked.source
 
 
 def policy_settings(policy: dr.HeadPolicy | None, config: ProfilerConfig) -> dict[str, Any]:

@@ -7,6 +7,11 @@ tokens, is the first-order rise of L when that head alone streams. One backward 
 gives it for every head at once. The sink window's output carries no gradient (its weight 1 − g is 0),
 so the backward pass goes through full attention only.
 
+The gates may also start at a plan's hard values (1: a full head, 0: a bounded one; `at`): then
+−∂L/∂g of a bounded head is the first-order gain of keeping it full with the plan's other heads as
+they are, and of a full head the cost of bounding it (loss_at_plan.py). Once a gate is below 1 the
+sink window's output carries gradient too, so earlier heads' gates see the path through it.
+
 Measured on chat prompts with their answers written out (data/chat_answers.py), this ranks the heads
 that keep a chat answer right and well-formed: on SmolLM2-135M it is what made the quick-start profile
 chat-safe at 0.5 (issue 38; the attention-mass retrieval score lost 2-3 answers in 8 there).
@@ -25,11 +30,15 @@ from duocal.profiling.attention_stats import attention_function
 
 
 class StreamingGates:
-    """An attention function (transformers' signature) with a gate per (layer, KV head) at 1."""
+    """An attention function (transformers' signature) with a gate per (layer, KV head), at 1 or at `at`."""
 
-    def __init__(self, sink_window: dr.SinkWindow, num_layers: int, num_kv_heads: int, device=None):
+    def __init__(self, sink_window: dr.SinkWindow, num_layers: int, num_kv_heads: int, device=None, at=None):
         self.sink_window = sink_window
-        self.gates = torch.ones(num_layers, num_kv_heads, device=device, requires_grad=True)
+        start = torch.ones(num_layers, num_kv_heads) if at is None else torch.as_tensor(at, dtype=torch.float32)
+        if start.shape != (num_layers, num_kv_heads):
+            raise ValueError(f"gates must be {num_layers} layers x {num_kv_heads} KV heads, got {tuple(start.shape)}")
+        self.gates = start.to(device).clone().requires_grad_(True)
+        self.sink_window_gradient = bool((start < 1).any())  # at 1 its weight is 0: no gradient through it
 
     def attention(self, module, q, k, v, attention_mask, scaling=None, dropout=0.0, **kwargs):
         """q [1, H, T, D], k/v [1, G, T, D] -> ([1, T, H, D], None)."""
@@ -38,7 +47,7 @@ class StreamingGates:
         first = self.sink_window.sink + self.sink_window.recent  # queries before it see every key either way
         if q.shape[2] <= first:
             return full.transpose(1, 2), None
-        with torch.no_grad():
+        with torch.set_grad_enabled(self.sink_window_gradient and torch.is_grad_enabled()):
             bounded = self.sink_window_output(q[:, :, first:], k, v, first, scale)
         gate = self.gates[module.layer_idx].repeat_interleave(q.shape[1] // k.shape[1])[None, :, None, None]
         mixed = gate * full[:, :, first:] + (1 - gate) * bounded
@@ -76,13 +85,14 @@ def answer_loss(model, ids: list[int], rows: list[int]) -> torch.Tensor:
 
 
 def streaming_loss(
-    model, sequences: Iterable[tuple[list[int], list[int]]], sink_window: dr.SinkWindow, report
+    model, sequences: Iterable[tuple[list[int], list[int]]], sink_window: dr.SinkWindow, report, at=None
 ) -> torch.Tensor:
-    """[L, G]: the mean first-order rise of the answer loss when each head alone streams, over
-    `sequences` of (token ids, the rows that predict the answer); `report(done)` after each."""
+    """[L, G]: the mean first-order rise of the answer loss when each head alone streams (−∂L/∂g), over
+    `sequences` of (token ids, the rows that predict the answer), the gates at 1 or at `at` ([L, G]);
+    `report(done)` after each."""
     shape = dr.shape_of_config(model.config)
     device = next(model.parameters()).device
-    gates = StreamingGates(sink_window, shape.num_hidden_layers, shape.num_key_value_heads, device)
+    gates = StreamingGates(sink_window, shape.num_hidden_layers, shape.num_key_value_heads, device, at)
     total, count = torch.zeros_like(gates.gates), 0
     with frozen(model), attention_function(model, gates.attention), torch.enable_grad():
         for ids, rows in sequences:

@@ -30,6 +30,14 @@ CASES = {
         ["profile", "--scores-from", "/no/such/profile.json", "--output", "{tmp}/out.json"],
         NO_PROFILE,
     ),
+    "profile, loss at sparsity 1": (
+        ["profile", "--score", "loss", "--loss-at-sparsity", "1", "--output", "{tmp}/out.json"],
+        "--loss-at-sparsity must be between 0 and 1 (exclusive), got 1.0",
+    ),
+    "profile, loss at sparsity with another score": (
+        ["profile", "--score", "kept", "--loss-at-sparsity", "0.75", "--output", "{tmp}/out.json"],
+        "--loss-at-sparsity ranks heads by the loss score; the score here is kept",
+    ),
     "serve, profile of another model": (["serve", "--profile", OTHER_MODELS_PROFILE, "--port", "0"], ANOTHER_MODEL),
     "serve, missing profile": (["serve", "--profile", "/no/such/profile.json", "--port", "0"], NO_PROFILE),
     "serve, sparsity 1.5": (["serve", "--sparsity", "1.5", "--port", "0"], "sparsity must be in [0, 1]"),
