@@ -17,7 +17,7 @@ from duocal_runtime.planning.head_order import bounded_heads_for_sparsity
 
 from helpers.models import tiny_model
 
-WINDOW = dr.SinkWindow(4, 8)
+SINK_WINDOW = dr.SinkWindow(4, 8)
 LENGTH = 40
 
 
@@ -46,9 +46,9 @@ def test_the_score_at_a_plan_point_is_its_first_order_loss_change(four_layers):
     model = four_layers
     ids, rows = pairs((3,))[0]
     at = lap.plan_point(torch.Size([4, 2]), {0, 2, 5, 7})
-    score = streaming_loss(model, [(ids, rows)], WINDOW, lambda done: None, at)
+    score = streaming_loss(model, [(ids, rows)], SINK_WINDOW, lambda done: None, at)
     for flat in range(8):
-        mixer = StreamingGates(WINDOW, 4, 2, at=at)
+        mixer = StreamingGates(SINK_WINDOW, 4, 2, at=at)
         step, value = 1e-3, at.view(-1)[flat].item()
         with torch.no_grad(), frozen(model), attention_function(model, mixer.attention):
             mixer.gates.view(-1)[flat] = value - step
@@ -56,12 +56,12 @@ def test_the_score_at_a_plan_point_is_its_first_order_loss_change(four_layers):
             mixer.gates.view(-1)[flat] = value + step
             rise = (lower - answer_loss(model, ids, rows)) / (2 * step)
         assert score.view(-1)[flat].item() == pytest.approx(rise.item(), rel=5e-3, abs=5e-4)
-    assert not torch.allclose(score, streaming_loss(model, [(ids, rows)], WINDOW, lambda done: None))
+    assert not torch.allclose(score, streaming_loss(model, [(ids, rows)], SINK_WINDOW, lambda done: None))
 
 
 def test_gates_of_the_wrong_shape_are_refused():
     with pytest.raises(ValueError, match="gates must be 4 layers x 2 KV heads"):
-        StreamingGates(WINDOW, 4, 2, at=torch.ones(2, 2))
+        StreamingGates(SINK_WINDOW, 4, 2, at=torch.ones(2, 2))
 
 
 def test_each_round_scores_at_the_plan_of_the_round_before(four_layers, monkeypatch):
@@ -74,12 +74,12 @@ def test_each_round_scores_at_the_plan_of_the_round_before(four_layers, monkeypa
 
     monkeypatch.setattr(lap, "streaming_loss", spy)
     seen = []
-    ranked = lap.loss_at_sparsity(model, pairs(), WINDOW, 0.75, lambda done, total: seen.append((done, total)))
+    ranked = lap.loss_at_sparsity(model, pairs(), SINK_WINDOW, 0.75, lambda done, total: seen.append((done, total)))
     assert calls[0] is None and len(calls) == ranked.rounds + 1 and 1 <= ranked.rounds <= lap.ROUNDS
-    first = streaming_loss(model, pairs(), WINDOW, lambda done: None)
+    first = streaming_loss(model, pairs(), SINK_WINDOW, lambda done: None)
     torch.testing.assert_close(calls[1], lap.plan_point(first.shape, set(lap.bounded_at(first, 0.75))))
     assert len(ranked.bounded) == 6 and torch.equal(calls[-1], lap.plan_point(first.shape, set(ranked.bounded)))
-    torch.testing.assert_close(ranked.scores, streaming_loss(model, pairs(), WINDOW, lambda done: None, calls[-1]))
+    torch.testing.assert_close(ranked.scores, streaming_loss(model, pairs(), SINK_WINDOW, lambda done: None, calls[-1]))
     assert ranked.settled == (lap.bounded_at(ranked.scores, 0.75) == ranked.bounded)
     assert seen[0] == (1, 2 * (lap.ROUNDS + 1)) and seen[-1][0] == 2 * (ranked.rounds + 1)
 
@@ -92,7 +92,7 @@ def fake_loss(gradient):
 def test_a_loss_linear_in_the_gates_keeps_the_g1_ranking(monkeypatch):
     constant = torch.tensor([[0.5, 0.1, 0.7, 0.2], [0.3, 0.9, 0.0, 0.4]])
     monkeypatch.setattr(lap, "streaming_loss", fake_loss(lambda at: constant))
-    ranked = lap.loss_at_sparsity(None, [], WINDOW, 0.75, lambda done, total: None)
+    ranked = lap.loss_at_sparsity(None, [], SINK_WINDOW, 0.75, lambda done, total: None)
     assert ranked.bounded == lap.bounded_at(constant, 0.75) and ranked.rounds == 1 and ranked.settled
     assert ranked.source == {"loss_at_sparsity": 0.75, "rounds": 1, "settled": True}
 
@@ -108,7 +108,7 @@ def test_a_head_that_matters_once_others_stream_is_kept_at_the_target_sparsity(m
         return out
 
     monkeypatch.setattr(lap, "streaming_loss", fake_loss(gradient))
-    ranked = lap.loss_at_sparsity(None, [], WINDOW, 0.75, lambda done, total: None)
+    ranked = lap.loss_at_sparsity(None, [], SINK_WINDOW, 0.75, lambda done, total: None)
     assert lap.bounded_at(alone, 0.75) == {0, 1, 2, 3, 4, 5}
     assert ranked.bounded == {1, 2, 3, 4, 5, 6} and ranked.rounds == 2 and ranked.settled
 
@@ -129,7 +129,7 @@ def test_the_target_sparsity_is_checked(settings, message):
 
 def test_rounds_must_be_positive():
     with pytest.raises(ValueError, match="rounds must be at least 1"):
-        lap.loss_at_sparsity(None, [], WINDOW, 0.5, lambda done, total: None, rounds=0)
+        lap.loss_at_sparsity(None, [], SINK_WINDOW, 0.5, lambda done, total: None, rounds=0)
 
 
 def test_the_cli_ranks_at_the_target_sparsity_and_records_it(tmp_path):
