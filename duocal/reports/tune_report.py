@@ -82,6 +82,8 @@ def plot_tune_curve(record: dict[str, Any], path: str | Path) -> Path:
         ax.set_xlabel(f"KV cache at {record['context']:,} tokens ({unit}, {record['dtype']})")
         ax.set_ylabel(label)
         ax.set_xlim(left=0)
+        if key == "exact":  # whole answers, 0 to all of them: a flat curve reads as flat
+            ax.set_ylim(-0.5, full["total"] + 0.5)
         ax.legend(fontsize=8)
     fig.suptitle(f"{record['model']} on {Path(record['data']['name']).name}", fontsize=10)
     fig.tight_layout()
