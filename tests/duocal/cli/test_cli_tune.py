@@ -105,7 +105,7 @@ def test_the_choice_follows_the_table_not_the_input_profile(inputs, tmp_path, mo
     assert dr.load_profile(out).deploy.sparsity == 0.5
     assert "chosen" in result.stdout and "0.0400" in result.stdout.replace("+0.0400", "0.0400")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    shown = CliRunner().invoke(app, ["profiles", "show", str(out)])
+    shown = CliRunner().invoke(app, ["profiles", "show", str(out)], env={"COLUMNS": "400"})  # no path wrapped
     assert shown.exit_code == 0, shown.output
     assert "deploy sparsity 0.5 chosen by duocal tune" in shown.stdout and "text.txt" in shown.stdout
     assert (
