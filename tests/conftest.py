@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(groups[module_of(item)]))
-    if getattr(config.option, "dist", "no") == "loadgroup":
+    if getattr(config.option, "loadgroup", False):  # what xdist sets on its workers, which collect
         group = [item.get_closest_marker("xdist_group").args[0] for item in items]
         slow = [item.get_closest_marker("slow") is not None for item in items]
         items[:] = [items[i] for i in slow_groups_first(group, slow, own)]

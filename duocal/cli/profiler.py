@@ -133,6 +133,10 @@ def profiler_command(
         body = None if text is None else read_text(text, "--text")
         tokenizer = ref.load_tokenizer()
         chosen_format = passkey_format or default_format(ref, tokenizer, data)
+        if scores_from and loss_at_sparsity is not None:
+            raise ValueError(
+                "--loss-at-sparsity ranks the heads, --scores-from keeps another profile's ranking: give one of them"
+            )
         base = dr.load_profile(scores_from) if scores_from else None
         default_sink, default_recent = (
             (base.deploy.sink_window.sink, base.deploy.sink_window.recent) if base else ref.sink_window

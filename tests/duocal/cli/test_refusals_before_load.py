@@ -38,6 +38,10 @@ CASES = {
         ["profile", "--score", "kept", "--loss-at-sparsity", "0.75", "--output", "{tmp}/out.json"],
         "--loss-at-sparsity ranks heads by the loss score; the score here is kept",
     ),
+    "profile, loss at sparsity with --scores-from": (
+        ["profile", "--scores-from", OTHER_MODELS_PROFILE, "--loss-at-sparsity", "0.75", "--output", "{tmp}/out.json"],
+        "--loss-at-sparsity ranks the heads, --scores-from keeps another profile's ranking: give one of them",
+    ),
     "serve, profile of another model": (["serve", "--profile", OTHER_MODELS_PROFILE, "--port", "0"], ANOTHER_MODEL),
     "serve, missing profile": (["serve", "--profile", "/no/such/profile.json", "--port", "0"], NO_PROFILE),
     "serve, sparsity 1.5": (["serve", "--sparsity", "1.5", "--port", "0"], "sparsity must be in [0, 1]"),
