@@ -22,6 +22,8 @@ SESSION_SERVERS = ("demo_server", "smollm2_server")
 
 
 def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):  # .venv-vllm runs tests/vllm without it
+        return
     servers_of: dict[str, set[str]] = {}
     for item in items:
         servers_of.setdefault(module_of(item), set()).update(s for s in SESSION_SERVERS if s in item.fixturenames)
