@@ -88,3 +88,24 @@ def test_modules_that_share_a_session_server_run_on_one_pytest_xdist_worker():
     groups, slow = ["a", "a", "b", "b", "c", "d", "e"], [False, False, False, True, False, True, True]
     own = [False, False, False, False, False, False, True]  # e: a test's own mark
     assert slow_groups_first(groups, slow, own) == [6, 2, 3, 5, 0, 1, 4]  # then b and d (slow); a module stays whole
+
+
+def test_a_pytest_xdist_worker_runs_the_slow_groups_first():
+    """The order conftest.py sets must hold where xdist collects: on its workers (the controller collects nothing,
+    and there `--dist` reads "no"). Given after a fast module, a module with a slow test still runs first."""
+    import subprocess
+    import sys
+
+    fast, slow = "tests/duocal/tuning/test_tune_rule.py", "tests/runtime/policies/test_h2o_quantized.py"
+    options = ["-n", "1", "--dist", "loadgroup", "--no-loadscope-reorder", "-v", "-p", "no:cacheprovider"]
+    picked = ["-k", "token_codes_round_trip or flat_curve"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *options, *picked, fast, slow],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    ran = [line.split("PASSED ")[1].split("::")[0] for line in done.stdout.splitlines() if "PASSED " in line]
+    assert done.returncode == 0 and len(ran) == 3, done.stdout[-2000:]
+    assert ran == [slow, slow, fast]
