@@ -30,6 +30,7 @@ VLLM_MISSING = (
     "`.venv-vllm/bin/duocal serve MODEL --engine vllm ...`"
 )
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+OPENAI_ERRORS_MIDDLEWARE = "duocal_vllm.openai_errors.OpenAIErrorBodies"  # vllm_plugin/openai_errors.py
 CHUNK_CAP_OPTION = "--long-prefill-token-threshold"
 VLLM_CPU_BLOCK_SIZE = 128  # vLLM-CPU's default block size
 KV_BYTES_OPTION = "--kv-cache-memory-bytes"
@@ -209,6 +210,7 @@ def vllm_launch(settings: VllmServe) -> Launch:
     check_one_pipeline_stage(table, vllm_args)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", ref.path, "--served-model-name", settings.model,
             "--host", settings.host, "--port", str(settings.port), "--hf-overrides", json.dumps(overrides),
+            "--middleware", OPENAI_ERRORS_MIDDLEWARE,  # the framework's {"detail"} 4xx bodies in OpenAI's shape
             *chunk_cap_args(table, vllm_args), *block_size_args(table, vllm_args),
             *settings.vllm_args]  # fmt: skip
     summary = (
