@@ -148,26 +148,8 @@ def test_kv_bits_rows_hold_their_codes_and_say_their_bits(tiny_llama_folder, tmp
     quantized = dr.uniform_plan(dr.shape_of_config(model.config), dr.Full(kv_bits=4, group=8))
     assert rows[1].kv_bytes == quantized.kv_bytes(512, 1, torch.float32) < 0.6 * rows[0].kv_bytes  # 128 fp32 residual
     assert rows[1].kv_bytes <= rows[1].kv_bytes_measured <= 1.05 * rows[1].kv_bytes
-    result = runner.invoke(
-        app,
-        [
-            "eval",
-            "passkey",
-            "--model",
-            str(tiny_llama_folder),
-            "--contexts",
-            "512",
-            "--samples",
-            "1",
-            "--rows",
-            "full",
-            "--format",
-            "digits",
-            "--kv-bits",
-            "16,8",
-            "--no-plot",
-        ],
-    )
+    one_sample = "--contexts 512 --samples 1 --rows full --format digits --kv-bits 16,8 --no-plot".split()
+    result = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_llama_folder), *one_sample])
     assert result.exit_code == 0, result.output
     assert "full kv8" in result.stdout
     bad = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_llama_folder), "--kv-bits", "2", "--no-plot"])
@@ -232,26 +214,8 @@ def test_cli_json_schema(tiny_llama_folder, tmp_path):
 
 
 def test_cli_table(tiny_llama_folder, tmp_path):
-    result = runner.invoke(
-        app,
-        [
-            "eval",
-            "passkey",
-            "--model",
-            str(tiny_llama_folder),
-            "--contexts",
-            "512",
-            "--samples",
-            "1",
-            "--rows",
-            "full,streaming",
-            "--no-plot",
-            "--sink",
-            "8",
-            "--recent",
-            "32",
-        ],
-    )
+    table = "--contexts 512 --samples 1 --rows full,streaming --no-plot --sink 8 --recent 32".split()
+    result = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_llama_folder), *table])
     assert result.exit_code == 0, result.output
     assert "exact" in result.stdout and "streaming" in result.stdout and "0/4 full" in result.stdout
     assert "4/4 sink_window 8+32" in result.stdout

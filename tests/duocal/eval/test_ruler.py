@@ -149,34 +149,13 @@ def test_rows_of_full_and_sink_window_heads_run_once_for_both_protocols_and_answ
 @pytest.mark.slow
 def test_ruler_on_smollm2_end_to_end_offline(monkeypatch):
     """Two tasks (one shipped as is, one on the local haystack) at 1024 tokens, both protocols: full
-    attention finds the needle, a 20-token window does not (each run once for both protocols), and
+    attention finds the needle, a 20-token sink window does not (each run once for both protocols), and
     H2O's query-agnostic prefill never saw a question token."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    result = runner.invoke(
-        app,
-        [
-            "eval",
-            "ruler",
-            "--model",
-            "smollm2-135m-instruct",
-            "--tasks",
-            "niah_single_1,niah_single_2_local",
-            "--contexts",
-            "1024",
-            "--samples",
-            "1",
-            "--rows",
-            "full,streaming,h2o",
-            "--sink",
-            "4",
-            "--recent",
-            "16",
-            "--json",
-            "--workers",
-            "2",
-        ],  # forked workers, even on one core
-    )
+    ruler = ["eval", "ruler", "--model", "smollm2-135m-instruct", "--tasks", "niah_single_1,niah_single_2_local"]
+    ruler += "--contexts 1024 --samples 1 --sink 4 --recent 16 --json".split()
+    result = runner.invoke(app, [*ruler, "--rows", "full,streaming,h2o", "--workers", "2"])  # forked, even on 1 core
     assert result.exit_code == 0, result.output
     rows = {(r["row"], r["protocol"]): r for r in json.loads(result.stdout)}
     protocols = ("query-aware", "query-agnostic")
@@ -188,30 +167,7 @@ def test_ruler_on_smollm2_end_to_end_offline(monkeypatch):
     assert len(seen) == 2 and all(tokens == start > 500 for tokens, start in seen)
     assert all("seen_before_question" not in rows[key] for key in rows if key[1] != "query-agnostic")
     alone = runner.invoke(  # the same row in this process: the workers' scores and documents
-        app,
-        [
-            "eval",
-            "ruler",
-            "--model",
-            "smollm2-135m-instruct",
-            "--tasks",
-            "niah_single_1,niah_single_2_local",
-            "--contexts",
-            "1024",
-            "--samples",
-            "1",
-            "--rows",
-            "h2o",
-            "--sink",
-            "4",
-            "--recent",
-            "16",
-            "--protocol",
-            "query-agnostic",
-            "--json",
-            "--workers",
-            "1",
-        ],
+        app, [*ruler, "--rows", "h2o", "--protocol", "query-agnostic", "--workers", "1"]
     )
     assert alone.exit_code == 0, alone.output
     (serial,) = json.loads(alone.stdout)
