@@ -11,9 +11,10 @@ from it).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 
 from .. import compat
 from ..compat import LAYER_KWARG
@@ -134,6 +135,18 @@ class DuoCacheLayer(CacheLayerMixin):
         self.real = step.real_after
         return out
 
+    def store_prefix(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Take a new sequence's first tokens from full attention: keys and values [B, Hkv, T, D] (RoPE
+        applied, no padding), stored as if this layer had attended to them (`DuoCache.load_prefix`)."""
+        if self.real is not None:
+            raise ValueError("a prefix goes into a new cache, before any token: make one with runtime.new_cache()")
+        step = Step.make(0, torch.zeros(k.shape[0], dtype=torch.long, device=k.device), k.shape[2], None, 1.0)
+        self._place_head_indices(k.device)
+        for group, indices in zip(self.groups, self._indices, strict=True):
+            kv_index = None if indices is None else indices[0]
+            group.store(*((k, v) if kv_index is None else (k[:, kv_index], v[:, kv_index])), step)
+        self.seen, self.real = k.shape[2], step.real_after
+
     def _each_group(self, q, k, v, method, step):
         """Run `method(group)(q, k, v, step)` for every group on its own heads; one output [B, H, T, D]."""
         if len(self.groups) == 1:
@@ -172,6 +185,11 @@ class StaticDuoCacheLayer(DuoCacheLayer):
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.max_length, 0
+
+    def store_prefix(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        raise NotImplementedError(
+            "a static DuoCache takes no prefix from full attention: use a dynamic cache (runtime.new_cache())"
+        )
 
     def get_seq_length(self):
         return self.seen  # a tensor, as transformers' StaticLayer: reading it must not sync
@@ -229,6 +247,15 @@ def check_compile_device(device: torch.device) -> None:
         )
 
 
+@torch.no_grad()
+def full_attention_kv(model, input_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Keys and values per layer after `model` ran `input_ids` [B, T] as it is, without duocal (call it
+    outside `dr.apply`): the prefix `DuoCache.load_prefix` takes."""
+    cache = DynamicCache()
+    model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
 class DuoCache(Cache):
     """One layer per model layer, built from a plan (use `runtime.new_cache()`).
 
@@ -263,6 +290,28 @@ class DuoCache(Cache):
         for name, value in vars(self).items():
             setattr(copied, name, copy.deepcopy(value, memo))
         return copied
+
+    def load_prefix(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Start this new cache from full attention's keys and values of a sequence's first T tokens, one
+        (k, v) [B, Hkv, T, D] per layer (RoPE applied, no padding: e.g. a transformers `DynamicCache` the
+        model filled without duocal), as if it had run them itself. Every plan computes such a prefix alike
+        while each head still attends to all of it (T <= `plan.full_attention_prefix`): compute it once."""
+        shape = self.plan.shape
+        if len(layers) != shape.num_hidden_layers:
+            raise ValueError(
+                f"load_prefix: {len(layers)} layers of keys and values for a {shape.num_hidden_layers}-layer plan"
+            )
+        k0 = layers[0][0]
+        want = (k0.shape[0], shape.num_key_value_heads, k0.shape[2], shape.head_dim)
+        if any(tuple(t.shape) != want for pair in layers for t in pair):
+            raise ValueError(f"load_prefix: every layer's keys and values must be [B, Hkv, T, D] = {list(want)}")
+        if k0.shape[2] > self.plan.full_attention_prefix:
+            raise ValueError(
+                f"load_prefix: {k0.shape[2]} tokens, but this plan's heads attend as full attention does to the first "
+                f"{self.plan.full_attention_prefix} only (plan.full_attention_prefix); give a shorter prefix"
+            )
+        for layer, (k, v) in zip(self.layers, layers, strict=True):
+            layer.store_prefix(k, v)
 
     def kv_bytes(self) -> int:
         """Bytes of keys and values held, read from the tensors themselves (slack included)."""

@@ -84,6 +84,12 @@ class Plan:
     def retrieval_heads_per_layer(self) -> list[int]:
         return [sum(not p.bounded for p in row) for row in self.policies]
 
+    @property
+    def full_attention_prefix(self) -> int:
+        """First tokens of a sequence every head attends to and keeps as full attention does (the least of
+        its policies' `full_attention_prefix`): a cache can take them from full attention's (`DuoCache.load_prefix`)."""
+        return min(p.full_attention_prefix for row in self.policies for p in row)
+
     def layer_groups(self, layer: int) -> list[tuple[HeadPolicy, list[int]]]:
         """The layer's KV heads grouped by identical policy, in order of first appearance."""
         groups: dict[HeadPolicy, list[int]] = {}

@@ -104,6 +104,13 @@ class HeadPolicy(ABC):
         """Tokens one head holds after `seq_len` real tokens (the analytic size of its cache)."""
         return seq_len if self.capacity is None else min(seq_len, self.capacity)
 
+    @property
+    def full_attention_prefix(self) -> int:
+        """First tokens of a sequence that a head of this policy attends to and keeps exactly as a full head
+        does, its state nothing but their keys and values: a new cache can take them from full attention's
+        (`DuoCache.load_prefix`). 0 where the state holds more (attention scores, codes)."""
+        return 0
+
     def kv_bytes(self, seq_len: int, head_dim: int, dtype_bytes: int) -> int:
         """Bytes one KV head holds (keys and values) after `seq_len` real tokens."""
         return plain_bytes(self.tokens_kept(seq_len), head_dim, dtype_bytes)
@@ -195,6 +202,14 @@ class HeadGroup(ABC):
     @abstractmethod
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: Step) -> torch.Tensor:
         """q [B, G*R, T, D], k/v [B, G, T, D] for the new tokens -> output [B, G*R, T, D]."""
+
+    def store(self, k: torch.Tensor, v: torch.Tensor, step: Step) -> None:
+        """Keep a first pass's keys and values (k/v [B, G, T, D]) as `attend` would, without attending: a
+        prefix full attention computed, within the policy's `full_attention_prefix`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} ({self.policy.label!r} heads) keeps more than keys and values: it cannot "
+            "take a prefix from full attention's cache"
+        )
 
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         """One new token per row of a static cache: q [B, G*R, 1, D], k/v [B, G, 1, D] -> [B, G*R, 1, D]."""

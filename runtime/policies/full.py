@@ -8,6 +8,7 @@ over keys [B, G, S, D] with `enable_gqa`.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,10 @@ class Full(HeadPolicy):
 
     def sizes(self) -> dict[str, int]:
         return super().sizes() if self.quantized else {}  # a 16-bit full head has no sizes, as before
+
+    @property
+    def full_attention_prefix(self) -> int:
+        return 0 if self.quantized else sys.maxsize  # codes are not full attention's keys
 
     def kv_bytes(self, seq_len: int, head_dim: int, dtype_bytes: int) -> int:
         return quantized_bytes(seq_len, head_dim, self.kv_bits, self.group, self.residual, dtype_bytes)
@@ -106,6 +111,9 @@ class FullGroup(HeadGroup):
         self.v[:, :, self.length : needed] = v
         self.length = needed
 
+    def store(self, k, v, step: Step):
+        self._append(k, v)
+
     def attend(self, q, k, v, step: Step):
         self._append(k, v)
         keys, values = self.k[:, :, : self.length], self.v[:, :, : self.length]
@@ -139,6 +147,8 @@ class StaticFullGroup(FullGroup):
     def attend(self, q, k, v, step: Step):
         self.length = step.seen_before  # the layer's count: compiled decode steps do not update Python ints
         return super().attend(q, k, v, step)
+
+    store = HeadGroup.store  # static caches take no prefix (StaticDuoCacheLayer.store_prefix)
 
     def decode(self, q, k, v, step: DecodeStep):
         self.k.index_copy_(2, step.position.view(1), k)

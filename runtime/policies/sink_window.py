@@ -36,6 +36,10 @@ class SinkWindow(HeadPolicy):
         """What the next query could still see: sinks and the last `recent` of `real_total` tokens."""
         return R.in_sink_or_recent(k_rank, real_total[..., None] - 1, self.sink, self.recent)
 
+    @property
+    def full_attention_prefix(self) -> int:
+        return self.capacity  # the first sink + recent tokens see and keep every token before them
+
     def make_group(self, kv_heads, rep, max_length=None):
         if max_length is None:
             return SinkWindowGroup(self, kv_heads, rep)
@@ -76,18 +80,29 @@ class SinkWindowGroup(HeadGroup):
 
     def _attend_chunk(self, q, k, v, step):
         """Attend the chunk to the stored slots and itself, then keep only sink + recent."""
+        keys, values, ranks = self._with_new(k, v, step)
+        out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy, step.scaling)
+        self._keep(keys, values, ranks, step)
+        return out
+
+    def store(self, k, v, step: Step):
+        self._keep(*self._with_new(k, v, step), step)
+
+    def _with_new(self, k, v, step: Step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The stored slots and the pass's tokens: keys, values [B, G, S + T, D] and ranks [B, S + T]."""
         if self.k is None:
             self.k, self.v = k[:, :, :0], v[:, :, :0]
             self.rank = step.new_ranks[:, :0]
         keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
-        ranks = torch.cat([self.rank, step.new_ranks], dim=1)
-        out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy, step.scaling)
+        return keys, values, torch.cat([self.rank, step.new_ranks], dim=1)
+
+    def _keep(self, keys, values, ranks, step: Step) -> None:
+        """Hold only the sink and the recent tokens of `keys`/`values`, compacted."""
         keep = self.policy.keeps(ranks, step.real_after)
         order, count = R.compact_order(keep)
         index = order[:, :count]
         self.k, self.v = R.gather_slots(keys, index), R.gather_slots(values, index)
         self.rank = torch.where(R.gather_slots(keep, index), R.gather_slots(ranks, index), -1)
-        return out
 
     def fill(self, batch, context, head_dim, dtype, device):
         ranks = kept_ranks_after(context, self.policy.sink, self.policy.recent).to(device)
@@ -99,6 +114,8 @@ class SinkWindowGroup(HeadGroup):
 class StaticSinkWindowGroup(SinkWindowGroup):
     """A fixed ring buffer of sink + recent slots: rank r lives in slot `ring_slot(r)`, so a
     decode step writes one slot it can compute from the rank alone (no search, no sync)."""
+
+    store = HeadGroup.store  # static caches take no prefix (StaticDuoCacheLayer.store_prefix)
 
     def ring_slot(self, rank: torch.Tensor) -> torch.Tensor:
         sink, recent = self.policy.sink, self.policy.recent

@@ -1,6 +1,8 @@
 """The curve's measurements are what they claim: the answer loss through duocal's cache is the model's own
 teacher-forced loss (full attention), exact match is whether greedy decoding gives the answer, the free
-answer of a passkey prompt does not disturb the loss, and a window that holds the whole prompt is full attention."""
+answer of a passkey prompt does not disturb the loss (and is decoded only where the expected answer is not
+greedy's), a window that holds the whole prompt is full attention, and the prefix the plans share changes
+no figure."""
 
 import functools
 
@@ -9,7 +11,8 @@ import torch
 
 import duocal_runtime as dr
 from duocal.demo.tokenizer import build_tokenizer
-from duocal.tuning.tune_curve import AnsweredPrompt, TuneWork, answer_scores, measure_curve
+from duocal.tuning import tune_curve
+from duocal.tuning.tune_curve import AnsweredPrompt, TuneWork, answer_scores, measure_curve, point, shared_prefixes
 
 from helpers.profiles import random_profile
 
@@ -17,9 +20,9 @@ PROMPT = list(range(5, 45))
 ANSWER = [7, 9, 11, 13]
 
 
-def scores(model, plan, item, work=None):
+def scores(model, plan, item, work=None, prefix=None):
     with dr.apply(model, plan) as runtime:
-        return answer_scores(model, runtime.new_cache(), item, work or TuneWork(prompts=(item,)))
+        return answer_scores(model, runtime.new_cache(), item, work or TuneWork(prompts=(item,)), prefix)
 
 
 def full_plan(model):
@@ -73,3 +76,23 @@ def test_the_curve_is_flat_when_the_sink_window_holds_the_prompt_and_falls_in_kv
         tiny_llama, random_profile_for(tiny_llama), TuneWork(prompts=items), (1.0,), 512, lambda *a: None
     )
     assert narrow[1].loss != pytest.approx(narrow[0].loss)
+
+
+def test_a_passkey_answer_that_greedy_decoding_gives_is_not_decoded_again(tiny_llama, monkeypatch):
+    with torch.no_grad():
+        out = tiny_llama.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=4, do_sample=False)
+    own = out[0, len(PROMPT) :].tolist()
+    monkeypatch.setattr(tune_curve, "greedy", lambda *a: pytest.fail("decoded an answer greedy decoding gives"))
+    assert scores(tiny_llama, full_plan(tiny_llama), AnsweredPrompt(PROMPT, own, key=1), TuneWork())[1] is True
+
+
+def test_the_shared_prefix_changes_no_figure_of_the_curve(tiny_llama):
+    items = (AnsweredPrompt(PROMPT, ANSWER), AnsweredPrompt(PROMPT[:30], ANSWER[:2]))
+    work, profile = TuneWork(prompts=items), random_profile_for(tiny_llama, sink=2, recent=10)
+    plans = [dr.plan(profile, sparsity=s) for s in (0.0, 0.5, 1.0)]
+    prefixes = shared_prefixes(tiny_llama, items, plans)
+    assert [p[0][0].shape[2] for p in prefixes] == [12, 12]  # sink + recent of the bounded heads
+    for plan in plans:
+        shared = point(tiny_llama, plan.sparsity, plan, work, 512, lambda: None, prefixes)
+        alone = point(tiny_llama, plan.sparsity, plan, work, 512, lambda: None, [None, None])
+        assert shared.loss == pytest.approx(alone.loss, abs=1e-5) and shared.exact == alone.exact
