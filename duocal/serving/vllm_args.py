@@ -54,6 +54,11 @@ def refusal(own: str) -> str:
 def check_vllm_args(args: tuple[str, ...]) -> tuple[str, ...]:
     """Refuse duocal's own options among `args`, in any form vLLM's parser accepts, and in a ``--config`` file; the
     options as vLLM reads them: a ``--config PATH`` file's options, then `args` (vLLM's order: the last one wins)."""
+    if args and not args[0].startswith("-"):  # vLLM's parser would refuse it too, but only after its imports
+        raise ValueError(
+            f"{args[0]!r} after `--` is not an option: vLLM would read it as a second model; give the model before "
+            "`--` and only vLLM's options after it (e.g. `-- --max-num-seqs 8`)"
+        )
     for arg in args:
         name = option_name(arg)
         own = own_option(name) if name else None

@@ -157,6 +157,7 @@ CASES = {
     "--max-model-len a fraction of a binary K": (lambda t, m: [NAME, "--", "--max-model-len", "1.5K"], "max-model"),
     "--engine transformers options": (lambda t, m: [NAME, "--num-blocks", "10"], "--num-blocks"),
     "no model": (lambda t, m: ["--", "--max-model-len", "128"], "needs MODEL"),
+    "a bare word first after --": (lambda t, m: [NAME, "--", "extra", "--max-num-seqs", "2"], "not an option"),
     # tensor parallelism
     "tensor parallel 2 over 3 KV heads": (lambda t, m: [NAME, "--", "--tensor-parallel-size", "2"], "tensor parallel"),
     "tensor parallel 4 over 3 KV heads": (lambda t, m: [NAME, "--", "-tp=4"], "tensor parallel"),

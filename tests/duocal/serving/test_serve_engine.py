@@ -51,3 +51,9 @@ def test_options_duocal_sets_are_refused_after_the_separator():
     for arg in ("--port=9000", "--served-model-name", "--hf-overrides", "--model"):
         with pytest.raises(ValueError, match=f"{arg.split('=')[0]} after `--` is duocal's {arg.split('=')[0]} to set"):
             check_vllm_args((arg,))
+
+
+@pytest.mark.parametrize("args", [("extra",), ("extra", "--max-num-seqs", "8"), ("8", "--max-num-seqs")])
+def test_a_bare_word_first_after_the_separator_is_refused_before_vllm_loads(args):
+    with pytest.raises(ValueError, match=f"'{args[0]}' after `--` is not an option.*model before"):
+        check_vllm_args(args)
