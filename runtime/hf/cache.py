@@ -143,8 +143,10 @@ class DuoCacheLayer(CacheLayerMixin):
         step = Step.make(0, torch.zeros(k.shape[0], dtype=torch.long, device=k.device), k.shape[2], None, 1.0)
         self._place_head_indices(k.device)
         for group, indices in zip(self.groups, self._indices, strict=True):
-            kv_index = None if indices is None else indices[0]
-            group.store(*((k, v) if kv_index is None else (k[:, kv_index], v[:, kv_index])), step)
+            if indices is None:  # one group holding every head
+                group.store(k, v, step)
+            else:
+                group.store(k[:, indices[0]], v[:, indices[0]], step)
         self.seen, self.real = k.shape[2], step.real_after
 
     def _each_group(self, q, k, v, method, step):
