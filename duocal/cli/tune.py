@@ -53,7 +53,10 @@ def tune_command(
         float, typer.Option(help="The most the loss per scored token may rise over full attention's, in nats.")
     ] = DEFAULT_TOLERANCE,
     max_miss: Annotated[
-        float, typer.Option(help="Share of prompts whose greedy answer may miss beyond full attention's misses.")
+        float,
+        typer.Option(
+            help="Share of full attention's right answers (greedy, exact) a sparsity may lose, prompt by prompt."
+        ),
     ] = DEFAULT_MAX_MISS,
     context: Annotated[
         int,

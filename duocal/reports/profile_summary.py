@@ -118,7 +118,8 @@ def tuned_summary(profile: dr.Profile) -> dict[str, Any] | None:
     if record is None:
         return None if state is None else {"state": state}
     keys = ("at", "data", "context", "dtype", "rule", "chosen_sparsity")
-    table = [{k: p.get(k) for k in ("sparsity", "fraction_of_full", "loss", "exact", "total")} for p in record["table"]]
+    columns = ("sparsity", "fraction_of_full", "loss", "exact", "lost", "total")
+    table = [{k: p.get(k) for k in columns} for p in record["table"]]
     return {"state": state, **{k: record.get(k) for k in keys}, "table": table}
 
 
@@ -196,5 +197,6 @@ def render_tuned(t: dict[str, Any], console: Console) -> None:
     console.print(f"  rule: {escape(str((t.get('rule') or {}).get('text')))}")
     for p in t["table"]:
         exact = "" if p.get("exact") is None else f", exact {p['exact']}/{p['total']}"
+        exact += "" if p.get("lost") is None else f", lost {p['lost']} of full attention's"
         loss = finite_text(p["loss"], "{:.4f}")
         console.print(f"  sparsity {p['sparsity']:g}: KV {p['fraction_of_full']:.2f} of full, loss {loss}{exact}")

@@ -32,10 +32,11 @@ def render_tune_table(record: dict[str, Any], console: Console | None = None) ->
         show_edge=False,
         box=simple_head_box(console),
     )
-    for name in ("sparsity", "KV bytes", "of full", loss_label(record), "vs full", "exact", ""):
+    for name in ("sparsity", "KV bytes", "of full", loss_label(record), "vs full", "exact", "lost", ""):
         table.add_column(name, justify="left" if not name else "right")
     for p in table_rows:
         exact = "" if p["exact"] is None else f"{p['exact']}/{p['total']}"
+        lost = "" if p.get("lost") is None else f"{p['lost']}/{full['exact']}"
         mark = "chosen" if p["sparsity"] == record["chosen_sparsity"] else ""
         table.add_row(
             f"{p['sparsity']:g}",
@@ -44,6 +45,7 @@ def render_tune_table(record: dict[str, Any], console: Console | None = None) ->
             finite_text(p["loss"], "{:.4f}"),
             finite_text(None if None in (p["loss"], full["loss"]) else p["loss"] - full["loss"], "{:+.4f}"),
             exact,
+            lost,
             mark,
         )
     console.print(table)
@@ -66,12 +68,16 @@ def plot_tune_curve(record: dict[str, Any], path: str | Path) -> Path:
     panels = [("loss", loss_label(record) + " (nats per token, lower is better)")]
     if full["exact"] is not None:
         panels.append(("exact", f"greedy answers exactly right (of {full['total']})"))
+        points = [{**p, "kept": full["exact"] - p["lost"]} if p.get("lost") is not None else p for p in points]
     unit, size = byte_unit(full["kv_bytes"])
     fig = Figure(figsize=(5.2 * len(panels), 4.2))
     FigureCanvasAgg(fig)
     for ax, (key, label) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels, strict=True):
         x = [p["kv_bytes"] / size for p in points]
         ax.plot(x, [p[key] for p in points], marker="o", color="tab:blue", label="profile at each sparsity")
+        if key == "exact" and all("kept" in p for p in points):  # what the rule judges, prompt by prompt
+            kept = [p["kept"] for p in points]
+            ax.plot(x, kept, marker="v", color="tab:orange", label="full attention's right answers kept")
         for p in points:
             ax.annotate(f"{p['sparsity']:g}", (p["kv_bytes"] / size, p[key]), textcoords="offset points", xytext=(4, 4))
         ax.axhline(full[key], color="tab:gray", linestyle="--", label="full attention")

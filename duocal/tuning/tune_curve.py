@@ -143,19 +143,27 @@ def answer_scores(model, cache, item: AnsweredPrompt, work: TuneWork, prefix: KV
 
 
 def point(
-    model, sparsity: float, plan: dr.Plan, work: TuneWork, context: int, tick: Callable[[], None], prefixes: list
+    model,
+    sparsity: float,
+    plan: dr.Plan,
+    work: TuneWork,
+    context: int,
+    tick: Callable[[], None],
+    prefixes: list,
+    full: CurvePoint | None = None,
 ) -> CurvePoint:
     """`sparsity`'s quality on `work` through its `plan`, and the plan's KV bytes at `context` (`prefixes`: the
-    prompts' shared prefixes, `shared_prefixes`)."""
+    prompts' shared prefixes, `shared_prefixes`); `lost` counts the prompts `full` (full attention's point on
+    the same work; None: this is it) answers right and this plan does not."""
     started = time.perf_counter()
     dtype = next(model.parameters()).dtype
-    full = dr.uniform_plan(plan.shape, dr.Full()).kv_bytes(context, 1, dtype)
+    full_bytes = dr.uniform_plan(plan.shape, dr.Full()).kv_bytes(context, 1, dtype)
     kv_bytes = plan.kv_bytes(context, 1, dtype)
     if work.text_windows:
         config = PerplexityConfig(
             rows=("full",), context=context, text_windows=len(work.text_windows), scored=work.scored
         )
-        loss, exact = math.log(plan_ppl(model, plan, work.text_windows, config, tick)), None
+        loss, exact, answered = math.log(plan_ppl(model, plan, work.text_windows, config, tick)), None, None
     else:
         scores = []
         with dr.apply(model, plan) as runtime:
@@ -164,9 +172,16 @@ def point(
                 tick()
         loss = sum(s[0] for s in scores) / len(scores)
         short = all(len(p.answer) <= SHORT_ANSWER_TOKENS or p.key is not None for p in work.prompts)
-        exact = sum(s[1] for s in scores) if short else None
+        answered = tuple(s[1] for s in scores) if short else None
+        exact = sum(answered) if short else None
     seconds = round(time.perf_counter() - started, 2)
-    return CurvePoint(sparsity, kv_bytes, kv_bytes / full, loss, exact, work.items, seconds)
+    lost = None if answered is None else lost_answers(full.answered if full else answered, answered)
+    return CurvePoint(sparsity, kv_bytes, kv_bytes / full_bytes, loss, exact, work.items, seconds, lost, answered)
+
+
+def lost_answers(full_attention: tuple[bool, ...], answered: tuple[bool, ...]) -> int:
+    """Prompts full attention answers right and `answered` does not (one prompt at a time)."""
+    return sum(f and not a for f, a in zip(full_attention, answered, strict=True))
 
 
 def measure_curve(
@@ -192,12 +207,13 @@ def measure_curve(
         what = "full attention" if sparsity == 0 else f"sparsity {sparsity:g}"
         progress(done, total, what)
         tick_this = functools.partial(tick, what)
-        points.append(point(model, sparsity, plan, work, context, tick_this, prefixes))
+        full = points[0] if points else None  # sparsity 0 comes first
+        points.append(point(model, sparsity, plan, work, context, tick_this, prefixes, full))
         if hasattr(progress, "row"):
             progress.row(point_line(points[-1]))
     return points
 
 
 def point_line(p: CurvePoint) -> str:
-    exact = f", exact {p.exact}/{p.total}" if p.exact is not None else ""
+    exact = f", exact {p.exact}/{p.total}, lost {p.lost}" if p.exact is not None else ""
     return f"sparsity {p.sparsity:g}: loss {p.loss:.4f}{exact}, KV {p.fraction_of_full:.0%} of full ({p.seconds:.0f} s)"

@@ -2,7 +2,10 @@
 
 A sparsity passes when, against full attention on the same data, its mean loss per scored token
 (the expected answer's tokens, or a text's) rises by at most `tolerance` nats, and (where exact match
-is measured) its greedy answers miss at most `max_miss` of the prompts more than full attention's.
+is measured) it loses at most `max_miss` of full attention's right answers: prompts full attention
+answers right and it does not, counted prompt by prompt (answers it gets right where full attention
+does not make up for none of them: a plan that trades one haystack's answers for another's is not
+full attention's quality).
 The chosen sparsity is the largest one that passes with every smaller measured sparsity passing too:
 a curve that breaks and recovers by chance does not lift the choice past the break. When none
 passes, the choice is 0 (every head full).
@@ -11,7 +14,7 @@ passes, the choice is 0 (every head full).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 DEFAULT_TOLERANCE = 0.05  # nats per token: ~5% perplexity
@@ -21,7 +24,9 @@ DEFAULT_MAX_MISS = 0.125  # 1 prompt in 8
 @dataclass(frozen=True)
 class CurvePoint:
     """Quality and KV memory of one sparsity on the tuning data. `loss`: mean nats per scored token;
-    `exact`: prompts whose greedy answer is the expected one (None: not measured, e.g. text)."""
+    `exact`: prompts whose greedy answer is the expected one (None: not measured, e.g. text); `lost`: of
+    those full attention answers right, the prompts this sparsity does not (None where exact is not measured);
+    `answered`: each prompt's greedy answer right or not (kept in memory for `lost`, not in the record)."""
 
     sparsity: float
     kv_bytes: int
@@ -30,10 +35,14 @@ class CurvePoint:
     exact: int | None
     total: int
     seconds: float = 0.0
+    lost: int | None = None
+    answered: tuple[bool, ...] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON holds it: a loss that is not finite (the model's outputs overflowed) is null."""
-        return {**asdict(self), "loss": self.loss if math.isfinite(self.loss) else None}
+        data = {**asdict(self), "loss": self.loss if math.isfinite(self.loss) else None}
+        del data["answered"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CurvePoint:
@@ -53,22 +62,27 @@ class Rule:
         if not 0.0 <= self.max_miss <= 1.0:
             raise ValueError(f"--max-miss must be a share of prompts in [0, 1] (e.g. 0.125), got {self.max_miss}")
 
-    def allowed_misses(self, total: int) -> int:
-        """Answers a sparsity may miss beyond full attention's on `total` prompts (1 in 8: 2 of 16)."""
-        return math.floor(self.max_miss * total + 1e-9)
+    def allowed_losses(self, full_right: int) -> int:
+        """Of full attention's `full_right` right answers, how many a sparsity may lose (1 in 8: 2 of 16)."""
+        return math.floor(self.max_miss * full_right + 1e-9)
 
     def passes(self, point: CurvePoint, full: CurvePoint) -> bool:
         if not point.loss - full.loss <= self.tolerance:  # a NaN loss does not pass
             return False
         if point.exact is None or full.exact is None:
             return True
-        return full.exact - point.exact <= self.allowed_misses(point.total)
+        if point.lost is None:
+            raise ValueError(
+                f"sparsity {point.sparsity:g} has exact match but no count of the answers it lost "
+                "(a record from before duocal counted them): run duocal tune again"
+            )
+        return point.lost <= self.allowed_losses(full.exact)
 
     def describe(self) -> str:
         return (
             f"the largest sparsity whose loss per scored token stays within +{self.tolerance:g} nats of full "
-            f"attention and whose greedy answers miss at most {self.max_miss:g} of the prompts more than full "
-            "attention's (where exact match is measured), every smaller measured sparsity passing too"
+            f"attention and that loses at most {self.max_miss:g} of full attention's right answers, prompt by "
+            "prompt (where exact match is measured), every smaller measured sparsity passing too"
         )
 
     def to_dict(self) -> dict[str, Any]:

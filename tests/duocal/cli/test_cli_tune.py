@@ -30,11 +30,11 @@ def inputs(tmp_path, tiny_llama_folder):
     return str(tiny_llama_folder), path, text
 
 
-def tune(*args):
-    return CliRunner().invoke(app, ["tune", *map(str, args)])
+def tune(*args, env=None):
+    return CliRunner().invoke(app, ["tune", *map(str, args)], env=env)
 
 
-def tune_on_text(inputs, samples, sparsities, *more):
+def tune_on_text(inputs, samples, sparsities, *more, env=None):
     """`duocal tune` on the tiny model, its profile and the text in text windows of 64 tokens."""
     model, profile, text = inputs
     return tune(
@@ -50,6 +50,7 @@ def tune_on_text(inputs, samples, sparsities, *more):
         "--sparsities",
         sparsities,
         *more,
+        env=env,
     )
 
 
@@ -79,6 +80,24 @@ def test_the_written_profile_deploys_what_the_rule_picks_on_the_measured_table(i
     assert [p.kv_bytes for p in points] == sorted((p.kv_bytes for p in points), reverse=True)
     assert profile.read_bytes() == before  # the input profile is never rewritten
     assert tuned.scores == dr.load_profile(profile).scores and tuned.source["kind"] == "test"
+
+
+def test_answers_lost_prompt_by_prompt_decide_and_are_shown(inputs, tmp_path, monkeypatch):
+    """At 0.5 as many answers right as full attention (12 of 16), but 3 of full attention's 12 lost: 0.25 deploys."""
+    table = [(0.0, 12, 0), (0.25, 13, 1), (0.5, 12, 3), (0.75, 12, 3)]
+
+    def measured(model, profile, work, sparsities, context, progress):
+        return [CurvePoint(s, 100 - int(60 * s), 1 - 0.6 * s, 0.2, exact, 16, 1.0, lost) for s, exact, lost in table]
+
+    monkeypatch.setattr(tune_curve, "measure_curve", measured)
+    out, plot = tmp_path / "tuned.json", tmp_path / "curve.png"
+    result = tune_on_text(inputs, 2, "0.25,0.5,0.75", "--output", out, "--plot", plot, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert dr.load_profile(out).deploy.sparsity == 0.25
+    assert "lost" in result.stdout and "3/12" in result.stdout and "1/12" in result.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    shown = CliRunner().invoke(app, ["profiles", "show", str(out)], env={"COLUMNS": "400"})
+    assert "exact 12/16, lost 3 of full attention's" in shown.stdout
 
 
 def test_the_choice_follows_the_table_not_the_input_profile(inputs, tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ answer of a passkey prompt does not disturb the loss (and is decoded only where 
 greedy's), a window that holds the whole prompt is full attention, and the prefix the plans share changes
 no figure."""
 
+import dataclasses
 import functools
 
 import pytest
@@ -70,6 +71,7 @@ def test_the_curve_is_flat_when_the_sink_window_holds_the_prompt_and_falls_in_kv
     points = measure_curve(tiny_llama, wide, TuneWork(prompts=items), (0.5, 0.25, 1.0), 512, lambda *a: None)
     assert [p.sparsity for p in points] == [0.0, 0.25, 0.5, 1.0]
     assert len({round(p.loss, 6) for p in points}) == 1 and len({p.exact for p in points}) == 1
+    assert [p.lost for p in points] == [0, 0, 0, 0]
     assert [p.kv_bytes for p in points] == sorted((p.kv_bytes for p in points), reverse=True)
     assert points[0].fraction_of_full == 1.0 and points[-1].fraction_of_full == pytest.approx(204 / 512)
     narrow = measure_curve(
@@ -96,3 +98,17 @@ def test_the_shared_prefix_changes_no_figure_of_the_curve(tiny_llama):
         shared = point(tiny_llama, plan.sparsity, plan, work, 512, lambda: None, prefixes)
         alone = point(tiny_llama, plan.sparsity, plan, work, 512, lambda: None, [None, None])
         assert shared.loss == pytest.approx(alone.loss, abs=1e-5) and shared.exact == alone.exact
+
+
+def test_lost_answers_are_counted_prompt_by_prompt_against_full_attentions(tiny_llama):
+    with torch.no_grad():
+        out = tiny_llama.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=4, do_sample=False)
+    own = out[0, len(PROMPT) :].tolist()
+    wrong = [*own[:-1], (own[-1] + 1) % tiny_llama.config.vocab_size]
+    work = TuneWork(prompts=(AnsweredPrompt(PROMPT, own), AnsweredPrompt(PROMPT, wrong)))
+    plan = full_plan(tiny_llama)
+    measured = point(tiny_llama, 0.0, plan, work, 512, lambda: None, [None, None])
+    assert measured.answered == (True, False) and measured.exact == 1 and measured.lost == 0
+    swapped = dataclasses.replace(measured, answered=(False, True))  # the same count, the other prompt right
+    against = point(tiny_llama, 0.0, plan, work, 512, lambda: None, [None, None], full=swapped)
+    assert against.exact == swapped.exact == 1 and against.lost == 1

@@ -9,16 +9,26 @@ from duocal.tuning.tune_rule import CurvePoint, Rule, choose
 
 
 def curve(*rows, total=16):
-    """(sparsity, loss, exact) rows -> points (KV bytes fall as sparsity rises)."""
-    return [CurvePoint(s, int(1000 * (1 - s / 2)), 1 - s / 2, loss, exact, total) for s, loss, exact in rows]
+    """(sparsity, loss, exact[, lost]) rows -> points (KV bytes fall as sparsity rises); without `lost`, every
+    answer a sparsity misses beyond full attention's (the first row) is one full attention gave."""
+    full_exact = rows[0][2]
+    return [
+        CurvePoint(s, int(1000 * (1 - s / 2)), 1 - s / 2, r[0], r[1], total, 0.0, lost(r, full_exact)) for s, *r in rows
+    ]
+
+
+def lost(row, full_exact):
+    if len(row) == 3:
+        return row[2]
+    return None if row[1] is None else max(0, full_exact - row[1])
 
 
 def test_the_largest_sparsity_within_both_tolerances_is_chosen():
     points = curve(
-        (0.0, 0.20, 14), (0.25, 0.21, 14), (0.5, 0.24, 12), (0.625, 0.26, 12), (0.75, 0.30, 11), (0.875, 0.9, 3)
+        (0.0, 0.20, 14), (0.25, 0.21, 14), (0.5, 0.24, 13), (0.625, 0.26, 13), (0.75, 0.30, 12), (0.875, 0.9, 3)
     )
     assert choose(points, Rule(tolerance=0.05, max_miss=0.125)) == 0.5  # 0.625: +0.06 nats
-    assert choose(points, Rule(tolerance=0.07, max_miss=0.125)) == 0.625  # 0.75: 3 more misses than full's 2 allowed
+    assert choose(points, Rule(tolerance=0.1, max_miss=0.125)) == 0.625  # 0.75: 2 of full's 14 lost, 1 allowed
     assert choose(points, Rule(tolerance=0.1, max_miss=0.1875)) == 0.75
 
 
@@ -38,10 +48,30 @@ def test_no_passing_sparsity_deploys_full_attention():
     assert choose(points, Rule()) == 0.0
 
 
-def test_exact_match_counts_misses_beyond_full_attentions():
+def test_exact_match_counts_full_attentions_right_answers_lost():
     rule = Rule(tolerance=1.0, max_miss=0.125)
-    assert rule.allowed_misses(16) == 2 and rule.allowed_misses(8) == 1 and rule.allowed_misses(7) == 0
-    assert choose(curve((0.0, 0.2, 10), (0.5, 0.2, 8), (0.75, 0.2, 7)), rule) == 0.5
+    assert rule.allowed_losses(16) == 2 and rule.allowed_losses(8) == 1 and rule.allowed_losses(7) == 0
+    assert choose(curve((0.0, 0.2, 16), (0.5, 0.2, 14), (0.75, 0.2, 13)), rule) == 0.5
+    assert choose(curve((0.0, 0.2, 10), (0.5, 0.2, 9), (0.75, 0.2, 8)), rule) == 0.5  # 1 of 10 allowed
+
+
+def test_answers_gained_on_some_prompts_do_not_make_up_for_answers_lost_on_others():
+    rule = Rule(tolerance=1.0, max_miss=0.125)
+    # 0.5 answers as many prompts as full attention, but 3 of full attention's 12 are among those it misses
+    traded = curve((0.0, 0.2, 12), (0.25, 0.2, 13, 1), (0.5, 0.2, 12, 3), (0.75, 0.2, 16, 0))
+    assert choose(traded, rule) == 0.25
+
+
+def test_a_record_without_lost_answers_is_refused_not_judged_by_counts():
+    old = [CurvePoint(0.0, 1000, 1.0, 0.2, 12, 16), CurvePoint(0.5, 750, 0.75, 0.2, 12, 16)]
+    with pytest.raises(ValueError, match="run duocal tune again"):
+        choose(old, Rule())
+
+
+def test_the_record_keeps_lost_answers_but_not_each_prompts_answer():
+    point = CurvePoint(0.5, 750, 0.75, 0.2, 2, 3, 1.0, 1, (True, False, True))
+    assert point.to_dict()["lost"] == 1 and "answered" not in point.to_dict()
+    assert CurvePoint.from_dict(point.to_dict()).lost == 1
 
 
 def test_text_curves_without_exact_match_are_chosen_by_loss_alone():
