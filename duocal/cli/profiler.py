@@ -14,6 +14,18 @@ from duocal_runtime.profile import VERSION as PROFILE_VERSION
 from .options import CHAT_DEPTHS_TEXT, DepthsOpt, split
 from .user_errors import user_errors
 
+CHAT_PROFILE_HAYSTACKS = "repeated,text"  # the chat format's default: both haystacks, prompts alternating
+# The chat format's defaults: 8 prompts per haystack at 1536 tokens (on SmolLM2, 8 at 1024 ranked heads that lost
+# 26 of 48 answers of full attention at 0.5 on held-out 1536-token prompts; these lost none: benchmarks/tune.md).
+CHAT_DEFAULTS = {"samples": 16, "contexts": "1536"}
+OTHER_DEFAULTS = {"samples": 8, "contexts": "1024"}
+
+
+def default_for(chosen_format: str, option: str):
+    """`--samples` / `--contexts` when left out: the chat format's own, or the other formats'."""
+    return (CHAT_DEFAULTS if chosen_format == "chat" else OTHER_DEFAULTS)[option]
+
+
 PROFILER_EPILOG = """Examples:
 
   duocal profile --output runs/demo-profiled.json          # the bundled demo model, passkey data
@@ -41,8 +53,13 @@ def profiler_command(
         str, typer.Option(help="passkey (needles; gives the retrieval score) or text (--text FILE).")
     ] = "passkey",
     text: Annotated[Path | None, typer.Option(help="A UTF-8 text file, for --data text.")] = None,
-    samples: Annotated[int, typer.Option(help="Samples (text: text windows at most) per context.")] = 8,
-    contexts: Annotated[str, typer.Option(help="Context lengths in tokens.")] = "1024",
+    samples: Annotated[
+        int | None,
+        typer.Option(help="Samples (text: text windows at most) per context (default: 16 for chat, else 8)."),
+    ] = None,
+    contexts: Annotated[
+        str | None, typer.Option(help="Context lengths in tokens (default: 1536 for chat, else 1024).")
+    ] = None,
     sink: Annotated[
         int | None,
         typer.Option(
@@ -70,8 +87,8 @@ def profiler_command(
     haystack: Annotated[
         str | None,
         typer.Option(
-            help="synthetic, repeated, text (chat: the GPL-3.0 text) or a text file (default: repeated for chat, "
-            "else synthetic)."
+            help="synthetic, repeated, text (chat: the GPL-3.0 text) or a text file; the chat format takes several, "
+            "its prompts alternating between them (default: repeated,text for chat, else synthetic)."
         ),
     ] = None,
     depths: DepthsOpt = CHAT_DEPTHS_TEXT,
@@ -91,6 +108,13 @@ def profiler_command(
             "with every gate at 1: for plans at S. The profile deploys at S and its source records S.",
         ),
     ] = None,
+    answer: Annotated[
+        str,
+        typer.Option(
+            help="The chat format's loss score scores full attention's own greedy answer (own) or the written "
+            'answer "The pass key is K." (written).'
+        ),
+    ] = "own",
     passkeys: Annotated[int, typer.Option(help="Needles per sample.")] = 1,
     seed: Annotated[int, typer.Option(help="Sample seed.")] = PROFILER_SEED,
     scores_from: Annotated[
@@ -144,10 +168,13 @@ def profiler_command(
         config = ProfilerConfig(
             data=data,
             text=body,
-            samples=samples,
-            contexts=tuple(split(contexts, int, "contexts")),
+            samples=default_for(chosen_format, "samples") if samples is None else samples,
+            contexts=tuple(
+                split(default_for(chosen_format, "contexts") if contexts is None else contexts, int, "contexts")
+            ),
             format=chosen_format,
-            haystack=haystack or ("repeated" if chosen_format == "chat" else "synthetic"),
+            haystack=haystack or (CHAT_PROFILE_HAYSTACKS if chosen_format == "chat" else "synthetic"),
+            answer=answer,
             depths=tuple(split(depths, float, "depths")),
             score=score,
             loss_at_sparsity=loss_at_sparsity,

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from duocal.reports.progress import stderr_progress
-from duocal.tuning.tune_data import passkey_data, read_data
+from duocal.tuning.tune_data import PASSKEY_HAYSTACKS, TUNE_SEED, passkey_data, read_data
 from duocal.tuning.tune_rule import DEFAULT_MAX_MISS, DEFAULT_TOLERANCE, Rule
 
 from .eval import PLOT_FORMATS
@@ -63,6 +63,12 @@ def tune_command(
         typer.Option(help="Tokens KV memory is reported at; also the passkey prompts' and text windows' length."),
     ] = DEFAULT_CONTEXT,
     samples: Annotated[int, typer.Option(help="Passkey prompts, or the most text windows.")] = DEFAULT_SAMPLES,
+    seed: Annotated[
+        int, typer.Option(help="The passkey prompts' seed (another seed: held-out prompts to check a choice on).")
+    ] = TUNE_SEED,
+    haystack: Annotated[
+        str, typer.Option(help="The passkey prompts' haystacks, prompts alternating: repeated, text or both.")
+    ] = ",".join(PASSKEY_HAYSTACKS),
     plot: Annotated[Path | None, typer.Option(help="Write the curve as a plot (.png, .pdf or .svg).")] = None,
     as_json: JsonOpt = False,
 ):
@@ -80,7 +86,10 @@ def tune_command(
         measured = checked_sparsities(sparsities)
         if context < 2 or samples < 1:
             raise ValueError(f"--context must be at least 2 tokens and --samples at least 1, got {context}, {samples}")
-        chosen_data = passkey_data(samples, context) if data is None else read_data(data)
+        if data is not None and (seed != TUNE_SEED or haystack != ",".join(PASSKEY_HAYSTACKS)):
+            raise ValueError("--seed and --haystack choose the generated passkey prompts: leave them out with --data")
+        haystacks = tuple(h.strip() for h in haystack.split(","))
+        chosen_data = passkey_data(samples, context, seed, haystacks) if data is None else read_data(data)
     import duocal_runtime as dr
     from duocal.models import ModelRef
     from duocal.reports.tune_report import plot_tune_curve, render_tune_table

@@ -41,6 +41,9 @@ from duocal.profiling.streaming_loss import streaming_loss
 from duocal_runtime.profile.measurements import Measurement, error_name, kept_name
 from duocal_runtime.quant.codes import default_group
 
+ANSWERS = ("own", "written")  # what the chat format's loss score scores (ProfilerConfig.answer)
+OWN_ANSWER_TOKENS = 16  # full attention's greedy answer, as `eval passkey --format chat` reads answers
+
 
 @dataclass(frozen=True)
 class ProfilerConfig:
@@ -60,6 +63,14 @@ class ProfilerConfig:
     depths: tuple[float, ...] = CHAT_DEPTHS  # the chat format: where the key sits in the haystack, in turn
     score: str | None = None  # SCORES; default: loss for the chat format, retrieval for passkeys, kept for text
     loss_at_sparsity: float | None = None  # the loss score with the gates at this sparsity's plan (loss_at_plan.py)
+    answer: str = "own"  # the chat format's loss score: on full attention's own greedy answer, or the written one
+
+    @property
+    def haystacks(self) -> tuple:
+        """The chat format's haystacks, prompts alternating between them (`haystack` may name several: a,b)."""
+        if self.format == "chat" and isinstance(self.haystack, str):
+            return tuple(h.strip() for h in self.haystack.split(","))
+        return (self.haystack,)
 
     def __post_init__(self):
         if self.data not in ("passkey", "text") or (self.data == "text" and not self.text):
@@ -75,9 +86,14 @@ class ProfilerConfig:
             raise ValueError(f"score must be one of {', '.join(SCORES)} (text windows have no needle: no retrieval)")
         check_loss_at_sparsity(self.loss_at_sparsity, self.chosen_score)
         if self.format == "chat":
-            check_chat(self.depths, 1, self.protocol, "one", self.haystack)
+            for haystack in self.haystacks:
+                check_chat(self.depths, 1, self.protocol, "one", haystack)
+            if len(set(self.haystacks)) != len(self.haystacks):
+                raise ValueError(f"--haystack names a haystack twice: {self.haystack}")
             if self.num_passkeys != 1:
                 raise ValueError("the chat format hides one key per prompt: leave --passkeys out")
+        if self.answer not in ANSWERS:
+            raise ValueError(f"answer must be one of {', '.join(ANSWERS)}, got {self.answer!r}")
         if not set(self.kv_bits) <= {8, 4} or len(set(self.kv_bits)) != len(self.kv_bits):
             raise ValueError(f"kv_bits must be distinct widths among 8 and 4 (16 has no error), got {self.kv_bits}")
 
@@ -148,11 +164,19 @@ def sequences(tokenizer, config: ProfilerConfig):
 
 
 def chat_sequences(tokenizer, config: ProfilerConfig, context: int):
-    """The chat format: prompts of at most `context` tokens, each with its answer written out; the rows
-    predict the answer's key, the pass ends where the prompt does (the question is in it)."""
+    """The chat format: prompts of at most `context` tokens, alternating between the haystacks, each with its
+    answer written out; the rows predict the answer's key, the pass ends where the prompt does (the question
+    is in it)."""
     check_chat_template(tokenizer)
-    prompts = chat_prompts(tokenizer, context, config.samples, config.depths, config.haystack, config.seed)
-    for prompt in prompts:
+    haystacks = config.haystacks
+    for i, haystack in enumerate(haystacks):
+        count = len(range(i, config.samples, len(haystacks)))
+        if count:
+            yield from answered_sequences(tokenizer, config, context, count, haystack)
+
+
+def answered_sequences(tokenizer, config: ProfilerConfig, context: int, count: int, haystack):
+    for prompt in chat_prompts(tokenizer, context, count, config.depths, haystack, config.seed):
         sample = answered_chat(tokenizer, prompt)
         spans = [sample.needle] * len(sample.rows)
         answer = list(range(sample.prompt_end - 1, len(sample.ids) - 1))  # every token of the answer
@@ -262,6 +286,10 @@ def profile_model(
     deploy = dr.DeployDefaults.of(*config.policies(), sparsity=config.loss_at_sparsity or 0.5)  # ranked for it
     source = {"kind": "profiler", "method": SCORE_METHODS[config.chosen_score], "score": config.chosen_score}
     source |= {**settings, **ranked_at, "format": config.format, "seconds": round(seconds, 2)}
+    if config.format == "chat":
+        source |= {"haystacks": list(map(str, config.haystacks))}
+        if config.chosen_score == "loss":
+            source |= {"answer": config.answer}
     return dr.Profile(info, _table(chosen_scores(measured, config.chosen_score)), source, deploy, measurements)
 
 
@@ -269,6 +297,8 @@ def answer_loss_score(model, tokenizer, config: ProfilerConfig, report: Progress
     """([L, G], what the source records): streaming_loss over the profiler's sequences (their answer rows),
     at g = 1 or at `config.loss_at_sparsity`'s plan; progress continues the attention pass's count."""
     pairs = [(seq.ids, seq.loss_rows) for seq in sequences(tokenizer, config)]
+    if config.format == "chat" and config.answer == "own":
+        pairs = [own_answer(model, ids, rows[0] + 1, tokenizer.eos_token_id) for ids, rows in pairs]
     sink_window = dr.SinkWindow(config.sink, config.recent)
     what = "sequences scored by answer loss"
     if config.loss_at_sparsity is None:
@@ -277,6 +307,18 @@ def answer_loss_score(model, tokenizer, config: ProfilerConfig, report: Progress
     progress = lambda done, total: report(len(pairs) + done, len(pairs) + total, what)  # noqa: E731
     ranked = loss_at_sparsity(model, pairs, sink_window, config.loss_at_sparsity, progress)
     return ranked.scores, ranked.source
+
+
+@torch.no_grad()
+def own_answer(model, ids: list[int], prompt_end: int, eos: int | None) -> tuple[list[int], list[int]]:
+    """(the prompt and full attention's greedy answer to it, the rows that predict that answer's tokens): the
+    loss score then ranks the heads that keep what the model itself says, not a written answer it would not
+    give ("The pass key is K." where SmolLM2 says "The pass key mentioned in the text is K.")."""
+    device = next(model.parameters()).device
+    prompt = torch.tensor([ids[:prompt_end]], device=device)
+    said = model.generate(prompt, max_new_tokens=OWN_ANSWER_TOKENS, do_sample=False, eos_token_id=eos)
+    said = said[0].tolist()
+    return said, list(range(prompt_end - 1, len(said) - 1))
 
 
 def policy_settings(policy: dr.HeadPolicy | None, config: ProfilerConfig) -> dict[str, Any]:

@@ -73,19 +73,24 @@ def tokenized(data: TuneData, tokenizer, model_config, samples: int, context: in
         refuse_beyond_positions([context], model_config, "give a smaller --context")
         return TuneWork(text_windows=tuple(taken), scored=context // 2)
     check_chat_template(tokenizer)
-    prompts = passkey_prompts(tokenizer, samples, context) if data.kind == "passkey" else chat_rows(data, tokenizer)
+    if data.kind == "passkey":
+        prompts = passkey_prompts(tokenizer, samples, context, data.seed, data.haystacks)
+    else:
+        prompts = chat_rows(data, tokenizer)
     longest = max(len(p.prompt) + max(len(p.answer), NEW_TOKENS) for p in prompts)
     refuse_beyond_positions([longest], model_config, "give shorter conversations or a smaller --context")
     decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
     return TuneWork(prompts=tuple(prompts), decode=decode)
 
 
-def passkey_prompts(tokenizer, samples: int, context: int) -> list[AnsweredPrompt]:
+def passkey_prompts(
+    tokenizer, samples: int, context: int, seed: int = TUNE_SEED, haystacks: tuple[str, ...] = PASSKEY_HAYSTACKS
+) -> list[AnsweredPrompt]:
     """`samples` chat passkey prompts of at most `context` tokens, alternating between the haystacks."""
     out = []
-    for i, haystack in enumerate(PASSKEY_HAYSTACKS):
-        count = len(range(i, samples, len(PASSKEY_HAYSTACKS)))
-        for prompt in chat_prompts(tokenizer, context, count, CHAT_DEPTHS, haystack, TUNE_SEED) if count else ():
+    for i, haystack in enumerate(haystacks):
+        count = len(range(i, samples, len(haystacks)))
+        for prompt in chat_prompts(tokenizer, context, count, CHAT_DEPTHS, haystack, seed) if count else ():
             sample = answered_chat(tokenizer, prompt)
             out.append(AnsweredPrompt(sample.ids[: sample.prompt_end], sample.ids[sample.prompt_end :], prompt.key))
     return out

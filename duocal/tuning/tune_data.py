@@ -41,6 +41,8 @@ class TuneData:
     fingerprint: str
     conversations: tuple[Conversation, ...] = ()
     text: str = ""
+    seed: int = TUNE_SEED  # passkey: the prompts' seed
+    haystacks: tuple[str, ...] = PASSKEY_HAYSTACKS  # passkey: prompts alternate between these
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "fingerprint": self.fingerprint}
@@ -50,10 +52,20 @@ def fingerprint(content: bytes) -> str:
     return "sha256:" + hashlib.sha256(content).hexdigest()
 
 
-def passkey_data(samples: int, context: int) -> TuneData:
-    settings = {"seed": TUNE_SEED, "samples": samples, "context": context, "haystacks": PASSKEY_HAYSTACKS}
-    name = f"chat passkey prompts (seed {TUNE_SEED}, haystacks {' and '.join(PASSKEY_HAYSTACKS)})"
-    return TuneData("passkey", name, fingerprint(json.dumps(settings, sort_keys=True).encode()))
+def passkey_data(
+    samples: int, context: int, seed: int = TUNE_SEED, haystacks: tuple[str, ...] = PASSKEY_HAYSTACKS
+) -> TuneData:
+    """The generated chat passkey prompts: `seed` and the chat haystacks they alternate between (checked)."""
+    bad = [h for h in haystacks if h not in PASSKEY_HAYSTACKS]
+    if bad or not haystacks or len(set(haystacks)) != len(haystacks):
+        raise ValueError(
+            f"--haystack takes {' and/or '.join(PASSKEY_HAYSTACKS)}, each once (e.g. repeated,text), "
+            f"got {','.join(haystacks) or 'none'}"
+        )
+    settings = {"seed": seed, "samples": samples, "context": context, "haystacks": haystacks}
+    name = f"chat passkey prompts (seed {seed}, haystacks {' and '.join(haystacks)})"
+    digest = fingerprint(json.dumps(settings, sort_keys=True).encode())
+    return TuneData("passkey", name, digest, seed=seed, haystacks=tuple(haystacks))
 
 
 def read_data(path: Path) -> TuneData:

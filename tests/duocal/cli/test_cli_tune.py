@@ -168,6 +168,9 @@ BAD = {
     "output in a file": (["--output", "{tmp}/empty.jsonl/x.json"], "not a folder"),
     "plot suffix": (["--plot", "{tmp}/curve.txt"], "give a file name ending in .png"),
     "negative tolerance": (["--tolerance", "-1"], "--tolerance"),
+    "unknown haystack": (["--haystack", "repeated,synthetic"], "--haystack takes repeated and/or text"),
+    "haystack twice": (["--haystack", "text,text"], "--haystack takes repeated and/or text, each once"),
+    "seed with data": (["--data", "{tmp}/text.txt", "--seed", "9"], "leave them out with --data"),
     "text shorter than a text window": (
         ["--data", "{tmp}/short.txt", "--context", "512"],
         "fewer than one text window",

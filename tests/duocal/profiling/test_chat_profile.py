@@ -4,12 +4,14 @@ placed in tokens, heads scored by the answer's loss; the default for a model wit
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from duocal.cli.app import app
 from duocal.data.chat_answers import ANSWER, answered_chat
 from duocal.data.chat_prompts import chat_ids, chat_prompts
 from duocal.profiling import ProfilerConfig
+from duocal.profiling.profiler import own_answer, sequences
 
 NAME = "smollm2-135m-instruct"
 runner = CliRunner()
@@ -37,6 +39,9 @@ def test_the_answer_follows_the_prompt_and_its_rows_predict_the_key(smollm2_toke
         (dict(format="chat", haystack="repeated", depths=(1.5,)), "depths must be in [0, 1]"),
         (dict(score="gates"), "score must be one of loss, retrieval, kept"),
         (dict(data="text", text="a. b. c.", score="retrieval"), "text windows have no needle"),
+        (dict(format="chat", haystack="repeated,synthetic"), "the chat format's haystack must be repeated, text"),
+        (dict(format="chat", haystack="repeated,repeated"), "names a haystack twice"),
+        (dict(format="chat", haystack="repeated", answer="mine"), "answer must be one of own, written"),
     ],
 )
 def test_chat_and_score_settings_are_checked(settings, message):
@@ -58,6 +63,7 @@ def test_cli_profiles_a_chat_model_on_chat_prompts_by_answer_loss(tmp_path):
     assert result.exit_code == 0, result.output
     profile = json.loads(out.read_text())
     assert profile["source"]["score"] == "loss" and profile["source"]["format"] == "chat"
+    assert profile["source"]["haystacks"] == ["repeated", "text"] and profile["source"]["answer"] == "own"
     scores = [s for row in profile["scores"] for s in row]
     assert min(scores) == 0.0 and max(scores) == 1.0 and len(set(scores)) > 80  # ranked, hardly any ties
     assert {"retrieval", "kept:sink_window"} <= set(profile["measurements"])  # mixed plans still get them
@@ -79,3 +85,18 @@ def test_the_cli_default_depths_are_the_chat_prompts_own():
     from duocal.data.chat_prompts import CHAT_DEPTHS
 
     assert tuple(float(d) for d in CHAT_DEPTHS_TEXT.split(",")) == CHAT_DEPTHS
+
+
+def test_chat_prompts_alternate_between_the_haystacks_named(smollm2_tokenizer):
+    config = ProfilerConfig(format="chat", haystack="repeated,text", samples=3, contexts=(600,))
+    texts = [smollm2_tokenizer.decode(seq.ids) for seq in sequences(smollm2_tokenizer, config)]
+    assert ["Read this text carefully" in t for t in texts] == [False, False, True]
+    assert all(t.endswith(ANSWER.format(key=t.split("The pass key is ")[1].split(".")[0])) for t in texts)
+
+
+def test_the_own_answer_is_full_attentions_greedy_answer_and_its_rows_predict_it(tiny_llama):
+    ids = [5, 9, 3, 17, 22, 8, 40, 41, 42, 43]  # a prompt of 7 tokens, then a written answer the model never gave
+    said, rows = own_answer(tiny_llama, ids, 7, eos=None)
+    assert said[:7] == ids[:7] and len(said) == 7 + 16 and rows == list(range(6, 22))
+    logits = tiny_llama(input_ids=torch.tensor([said])).logits[0]
+    assert [int(logits[r].argmax()) for r in rows] == said[7:]

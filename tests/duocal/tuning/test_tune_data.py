@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from duocal.tuning.tune_curve import passkey_prompts
 from duocal.tuning.tune_data import passkey_data, read_data
 
 
@@ -36,6 +37,20 @@ def test_a_text_file_is_perplexity_data(tmp_path):
 
 def test_the_default_prompts_are_fingerprinted_by_their_settings():
     assert passkey_data(16, 1536).fingerprint == passkey_data(16, 1536).fingerprint != passkey_data(8, 1536).fingerprint
+    held_out = passkey_data(16, 1536, seed=9191, haystacks=("text",))
+    others = {passkey_data(16, 1536, seed=9191).fingerprint, passkey_data(16, 1536).fingerprint}
+    assert held_out.fingerprint not in others
+    assert "seed 9191, haystacks text" in held_out.name
+
+
+def test_held_out_prompts_follow_the_seed_and_haystacks(smollm2_tokenizer):
+    default = passkey_prompts(smollm2_tokenizer, 4, 700)
+    held_out = passkey_prompts(smollm2_tokenizer, 4, 700, seed=9191, haystacks=("text",))
+    assert {p.key for p in default}.isdisjoint(p.key for p in held_out)
+    texts = [smollm2_tokenizer.decode(p.prompt) for p in held_out]
+    assert all("Read this text carefully" in t for t in texts) and len(texts) == 4
+    in_text = ["Read this text carefully" in smollm2_tokenizer.decode(p.prompt) for p in default]
+    assert in_text == [False, False, True, True]
 
 
 BAD = {
