@@ -150,6 +150,13 @@ def check_chat_template(tokenizer) -> None:
         )
 
 
+def alternating(samples: int, haystacks: tuple) -> list[tuple[object, int]]:
+    """(haystack, prompts in it) for `samples` prompts alternating between `haystacks`: the first gets any
+    extra prompt, a haystack left with none is left out."""
+    counts = [(h, len(range(i, samples, len(haystacks)))) for i, h in enumerate(haystacks)]
+    return [(h, n) for h, n in counts if n]
+
+
 def chat_prompts(
     tokenizer, context: int, samples: int, depths: tuple[float, ...], haystack: str | Path, seed: int
 ) -> list[ChatPrompt]:

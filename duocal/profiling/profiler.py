@@ -27,7 +27,7 @@ import torch
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator
 from duocal.data.chat_answers import answered_chat
-from duocal.data.chat_prompts import CHAT_DEPTHS, chat_prompts, check_chat_template
+from duocal.data.chat_prompts import CHAT_DEPTHS, alternating, chat_prompts, check_chat_template
 from duocal.eval.chat_passkey import check_chat
 from duocal.eval.perplexity import text_windows
 from duocal.eval.protocols import question_start
@@ -168,11 +168,8 @@ def chat_sequences(tokenizer, config: ProfilerConfig, context: int):
     answer written out; the rows predict the answer's key, the pass ends where the prompt does (the question
     is in it)."""
     check_chat_template(tokenizer)
-    haystacks = config.haystacks
-    for i, haystack in enumerate(haystacks):
-        count = len(range(i, config.samples, len(haystacks)))
-        if count:
-            yield from answered_sequences(tokenizer, config, context, count, haystack)
+    for haystack, count in alternating(config.samples, config.haystacks):
+        yield from answered_sequences(tokenizer, config, context, count, haystack)
 
 
 def answered_sequences(tokenizer, config: ProfilerConfig, context: int, count: int, haystack):

@@ -34,7 +34,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal.data.chat_answers import answered_chat
-from duocal.data.chat_prompts import CHAT_DEPTHS, chat_prompts, check_chat_template
+from duocal.data.chat_prompts import CHAT_DEPTHS, alternating, chat_prompts, check_chat_template
 from duocal.eval.chat_passkey import NEW_TOKENS, ChatAnswer
 from duocal.eval.perplexity import PerplexityConfig, plan_ppl, text_windows
 from duocal.eval.protocols import greedy
@@ -88,9 +88,8 @@ def passkey_prompts(
 ) -> list[AnsweredPrompt]:
     """`samples` chat passkey prompts of at most `context` tokens, alternating between the haystacks."""
     out = []
-    for i, haystack in enumerate(haystacks):
-        count = len(range(i, samples, len(haystacks)))
-        for prompt in chat_prompts(tokenizer, context, count, CHAT_DEPTHS, haystack, seed) if count else ():
+    for haystack, count in alternating(samples, haystacks):
+        for prompt in chat_prompts(tokenizer, context, count, CHAT_DEPTHS, haystack, seed):
             sample = answered_chat(tokenizer, prompt)
             out.append(AnsweredPrompt(sample.ids[: sample.prompt_end], sample.ids[sample.prompt_end :], prompt.key))
     return out
