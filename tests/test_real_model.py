@@ -171,28 +171,44 @@ def test_the_quick_start_profile_keeps_chat_answers_at_the_default_sparsity(smol
     assert all(a.clean for a in answers), [a for a in answers if not a.clean]
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("real-model-chat")
-def test_the_quick_start_profile_keeps_full_attentions_answers_in_the_gpl_text_at_0_5_and_0_75(smollm2):
-    """8 chat prompts in the GPL-3.0 text at 1536 tokens (seed 9191: neither the profiler's nor the evaluation's),
-    the stored quick-start profile at 0.5 and 0.75, answers compared prompt by prompt (`duocal tune`'s measure).
-    Scored on the written answer "The pass key is K." the profiler ranked heads SmolLM2 does not answer with
-    ("The pass key mentioned in the text is K."): that profile lost 14 and 21 of full attention's 32 answers
-    here at 0.5 and 0.75 (docs/benchmarks/tune.md); scored on full attention's own answer, none."""
+def held_out_curve(smollm2, haystack: str, context: int, seed: int, sparsities: tuple[float, ...]):
+    """Full attention and the stored quick-start profile at `sparsities` on 8 chat prompts of one haystack, answers
+    compared prompt by prompt (`duocal tune`'s measure)."""
     from duocal.data.chat_answers import answered_chat
     from duocal.data.chat_prompts import CHAT_DEPTHS, chat_prompts
     from duocal.tuning.tune_curve import AnsweredPrompt, TuneWork, measure_curve
 
     model, tokenizer, _ = smollm2
     prompts = []
-    for prompt in chat_prompts(tokenizer, 1536, 8, CHAT_DEPTHS, "text", 9191):
+    for prompt in chat_prompts(tokenizer, context, 8, CHAT_DEPTHS, haystack, seed):
         sample = answered_chat(tokenizer, prompt)
         prompts.append(AnsweredPrompt(sample.ids[: sample.prompt_end], sample.ids[sample.prompt_end :], prompt.key))
     work = TuneWork(prompts=tuple(prompts), decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
-    profile = dr.load_profile(QUICK_START_PROFILE)
-    full, *points = measure_curve(model, profile, work, (0.5, 0.75), 1536, lambda *a: None)
+    return measure_curve(model, dr.load_profile(QUICK_START_PROFILE), work, sparsities, context, lambda *a: None)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("real-model-chat")
+def test_the_quick_start_profile_keeps_full_attentions_answers_in_the_gpl_text_at_0_5_and_0_75(smollm2):
+    """8 chat prompts in the GPL-3.0 text at 1536 tokens (seed 9191: neither the profiler's nor the evaluation's),
+    the stored quick-start profile at 0.5 and 0.75. Scored on the written answer "The pass key is K." the
+    profiler ranked heads SmolLM2 does not answer with ("The pass key mentioned in the text is K."): that
+    profile lost 14 and 21 of full attention's 32 answers here at 0.5 and 0.75 (docs/benchmarks/tune.md)."""
+    full, *points = held_out_curve(smollm2, "text", 1536, 9191, (0.5, 0.75))
     assert full.exact >= 7, full  # full attention answers these
     assert all(p.lost <= 1 for p in points), points  # at most 1 in 8, as `duocal tune`'s default rule
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("real-model-chat")
+def test_the_quick_start_profile_keeps_full_attentions_answers_in_the_repeated_filler_at_0_75(smollm2):
+    """8 chat prompts in the repeated filler at 1280 tokens (seed 7777), the stored quick-start profile at 0.75.
+    Scored on full attention's own answer even where it is wrong ("The pass key is the name of a specific type
+    of pass key"), the profiler ranked the heads that keep the wrong answer: that profile lost 12 of full
+    attention's 22 answers on 32 such prompts (3 of the 5 here); scored on the right answer, none."""
+    full, point = held_out_curve(smollm2, "repeated", 1280, 7777, (0.75,))
+    assert full.exact >= 4, full  # full attention answers most of these
+    assert point.lost <= 1, point  # at most 1 in 8, as `duocal tune`'s default rule
 
 
 @pytest.mark.slow

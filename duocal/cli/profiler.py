@@ -111,10 +111,11 @@ def profiler_command(
     answer: Annotated[
         str,
         typer.Option(
-            help="The chat format's loss score scores full attention's own greedy answer (own) or the written "
-            'answer "The pass key is K." (written).'
+            help="What the chat format's loss score scores: full attention's own greedy answer where its first "
+            'number is the key, else the written answer "The pass key is K." (right); its own answer always (own); '
+            "the written answer always (written)."
         ),
-    ] = "own",
+    ] = "right",
     passkeys: Annotated[int, typer.Option(help="Needles per sample.")] = 1,
     seed: Annotated[int, typer.Option(help="Sample seed.")] = PROFILER_SEED,
     scores_from: Annotated[

@@ -63,14 +63,14 @@ class AttentionStats:
         picked = {}
         block = max(1, BLOCK_ELEMENTS // (heads * t))
         for i0 in range(0, t, block):
-            i1 = min(t, i0 + block)
-            logits = torch.matmul(q[:, i0:i1].float(), keys.transpose(-1, -2)) * scale  # [H, b, T]
-            future = torch.arange(t, device=q.device)[None, :] > torch.arange(i0, i1, device=q.device)[:, None]
-            probs = logits.masked_fill(future, float("-inf")).softmax(-1)
-            column += probs.sum(1)
+            i1 = min(t, i0 + block)  # causal: the block's queries see keys before i1 only
+            logits = torch.matmul(q[:, i0:i1].float(), keys[:, :i1].transpose(-1, -2)).mul_(scale)  # [H, b, i1]
+            future = torch.arange(i1, device=q.device)[None, :] > torch.arange(i0, i1, device=q.device)[:, None]
+            probs = logits.masked_fill_(future, float("-inf")).softmax(-1)
+            column[:, :i1] += probs.sum(1)
             for r in self.rows:
                 if i0 <= r < i1:
-                    picked[r] = probs[:, r - i0]
+                    picked[r] = F.pad(probs[:, r - i0], (0, t - i1))
         rows = torch.stack([picked[r] for r in self.rows], dim=1) if self.rows else column.new_zeros(heads, 0, t)
         return LayerStats(column.view(groups, heads // groups, t).sum(1), rows)
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from duocal.cli.app import app
 from duocal.data.chat_answers import ANSWER, answered_chat
 from duocal.data.chat_prompts import chat_ids, chat_prompts
-from duocal.profiling import ProfilerConfig
-from duocal.profiling.profiler import own_answer, sequences
+from duocal.profiling import ProfilerConfig, profiler
+from duocal.profiling.profiler import own_answer, scored_answers, sequences
 
 NAME = "smollm2-135m-instruct"
 runner = CliRunner()
@@ -41,7 +41,7 @@ def test_the_answer_follows_the_prompt_and_its_rows_predict_the_key(smollm2_toke
         (dict(data="text", text="a. b. c.", score="retrieval"), "text windows have no needle"),
         (dict(format="chat", haystack="repeated,synthetic"), "the chat format's haystack must be repeated, text"),
         (dict(format="chat", haystack="repeated,repeated"), "names a haystack twice"),
-        (dict(format="chat", haystack="repeated", answer="mine"), "answer must be one of own, written"),
+        (dict(format="chat", haystack="repeated", answer="mine"), "answer must be one of right, own, written"),
     ],
 )
 def test_chat_and_score_settings_are_checked(settings, message):
@@ -63,7 +63,8 @@ def test_cli_profiles_a_chat_model_on_chat_prompts_by_answer_loss(tmp_path):
     assert result.exit_code == 0, result.output
     profile = json.loads(out.read_text())
     assert profile["source"]["score"] == "loss" and profile["source"]["format"] == "chat"
-    assert profile["source"]["haystacks"] == ["repeated", "text"] and profile["source"]["answer"] == "own"
+    assert profile["source"]["haystacks"] == ["repeated", "text"] and profile["source"]["answer"] == "right"
+    assert profile["source"]["written_answers"] in (0, 1)  # the one prompt: full attention's answer or the written
     scores = [s for row in profile["scores"] for s in row]
     assert min(scores) == 0.0 and max(scores) == 1.0 and len(set(scores)) > 80  # ranked, hardly any ties
     assert {"retrieval", "kept:sink_window"} <= set(profile["measurements"])  # mixed plans still get them
@@ -100,3 +101,32 @@ def test_the_own_answer_is_full_attentions_greedy_answer_and_its_rows_predict_it
     assert said[:7] == ids[:7] and len(said) == 7 + 16 and rows == list(range(6, 22))
     logits = tiny_llama(input_ids=torch.tensor([said])).logits[0]
     assert [int(logits[r].argmax()) for r in rows] == said[7:]
+
+
+@pytest.mark.parametrize("answer, written", [("right", 1), ("own", 0)])
+def test_the_right_answer_is_full_attentions_own_answer_where_it_gives_the_key(
+    smollm2_tokenizer, monkeypatch, answer, written
+):
+    """Where full attention's greedy answer is wrong ("The pass key is the name of ..."), `right` scores the
+    written answer instead: scored on a wrong answer, the loss ranks the heads that keep the wrong answer."""
+    config = ProfilerConfig(format="chat", haystack="repeated", samples=2, contexts=(600,))
+    chat = list(sequences(smollm2_tokenizer, config))
+    said = {
+        chat[0].key: f"The pass key mentioned is {chat[0].key}. Remember it.",
+        chat[1].key: "The pass key is the name of a specific type of pass key",
+    }
+
+    def own(model, ids, prompt_end, eos):  # a greedy answer as the model could give it
+        text = said[next(seq.key for seq in chat if seq.ids == ids)]
+        answer_ids = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids[:prompt_end] + answer_ids, list(range(prompt_end - 1, prompt_end + len(answer_ids) - 1))
+
+    monkeypatch.setattr(profiler, "own_answer", own)
+    pairs, counted = scored_answers(None, smollm2_tokenizer, chat, answer)
+    assert counted == written
+    for seq, (ids, rows) in zip(chat, pairs, strict=True):
+        prompt_end = seq.loss_rows[0] + 1
+        scored = smollm2_tokenizer.decode(ids[prompt_end:])
+        kept_own = seq is chat[0] or answer == "own"
+        assert scored == (said[seq.key] if kept_own else ANSWER.format(key=seq.key))
+        assert ids[:prompt_end] == seq.ids[:prompt_end] and rows == list(range(prompt_end - 1, len(ids) - 1))

@@ -11,8 +11,8 @@ import duocal_runtime as dr
 from duocal.cli.app import app
 from duocal.demo import DEMO_MODEL_DIR
 from duocal.models import load_model, load_tokenizer
-from duocal.profiling import ProfilerConfig, profile_model
-from duocal.profiling.attention_stats import recording
+from duocal.profiling import ProfilerConfig, attention_stats, profile_model
+from duocal.profiling.attention_stats import AttentionStats, recording
 from duocal.profiling.head_scores import selected_by_passes, snapkv_kept
 from duocal.profiling.profiler import observation_mass, recorded_rows, sequences
 from duocal_runtime.planning.head_order import bounded_order
@@ -75,6 +75,20 @@ def test_profiler_scores_equal_a_dense_reference_by_hand(tiny_llama):
     torch.testing.assert_close(got_kept, want["kept"], rtol=0, atol=1e-5)
     assert result.scores == result.measurements["retrieval"].scores
     assert result.measurements["kept:sink_h2o"].settings["policy"] == sink_h2o.to_dict()
+
+
+@pytest.mark.parametrize("block_elements", [1, 6 * 37, 1 << 22])
+def test_attention_stats_in_blocks_of_queries_equal_the_dense_softmax(monkeypatch, block_elements):
+    """Blocks of one query, of a few, and one block for all: each block reads only the keys it can see."""
+    monkeypatch.setattr(attention_stats, "BLOCK_ELEMENTS", block_elements)
+    generator = torch.Generator().manual_seed(3)
+    q, k = torch.randn(6, 37, 8, generator=generator), torch.randn(2, 37, 8, generator=generator)
+    rows = [36, 0, 17]
+    logits = q @ k.repeat_interleave(3, dim=0).transpose(-1, -2) * 0.3
+    probs = logits.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    stats = AttentionStats(rows).collect(q, k, 0.3)
+    torch.testing.assert_close(stats.column_mass, probs.sum(1).view(2, 3, 37).sum(1))
+    torch.testing.assert_close(stats.rows, probs[:, rows])
 
 
 def test_profiler_finds_the_demo_models_retrieval_heads_deterministically():
