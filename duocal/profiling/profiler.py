@@ -296,10 +296,10 @@ def profile_model(
 def answer_loss_score(model, tokenizer, config: ProfilerConfig, report: Progress) -> tuple[torch.Tensor, dict]:
     """([L, G], what the source records): streaming_loss over the profiler's sequences (their answer rows),
     at g = 1 or at `config.loss_at_sparsity`'s plan; progress continues the attention pass's count."""
-    measured = list(sequences(tokenizer, config))
-    pairs, recorded = [(seq.ids, seq.loss_rows) for seq in measured], {}
+    scored = list(sequences(tokenizer, config))
+    pairs, recorded = [(seq.ids, seq.loss_rows) for seq in scored], {}
     if config.format == "chat" and config.answer != "written":
-        pairs, written = scored_answers(model, tokenizer, measured, config.answer)
+        pairs, written = scored_answers(model, tokenizer, scored, config.answer)
         recorded = {"written_answers": written} if config.answer == "right" else {}
     sink_window = dr.SinkWindow(config.sink, config.recent)
     what = "sequences scored by answer loss"
