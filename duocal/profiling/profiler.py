@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator
@@ -105,6 +106,11 @@ class ProfilerConfig:
             return self.score
         return "kept" if self.data == "text" else "loss" if self.format == "chat" else "retrieval"
 
+    @property
+    def scores_own_answer(self) -> bool:
+        """Whether the loss score scores full attention's own answer where it can (chat, `answer` own or right)."""
+        return self.chosen_score == "loss" and self.format == "chat" and self.answer != "written"
+
     def policies(self) -> list[dr.HeadPolicy]:
         """The policies whose kept share is measured: the sink window, H2O with the same capacity per
         head (half heavy hitters, half recent, as in the H2O paper), and those H2O sizes plus the sinks
@@ -183,28 +189,44 @@ def answered_sequences(tokenizer, config: ProfilerConfig, context: int, count: i
         yield ProfiledSequence(sample.ids, sample.rows, spans, (sample.prompt_end,), answer, prompt.key)
 
 
+@dataclass
+class Measured:
+    """What the attention pass gives: the mean per-head measures, name -> [L, G] (`retrieval` only for passkey
+    data), and the (token ids, answer rows) of every sequence as the loss score scores it (chat: full attention's
+    own answer or the written one, `ProfilerConfig.answer`) with how many are the written answer."""
+
+    means: dict[str, torch.Tensor]
+    scored: list[tuple[list[int], list[int]]]
+    written: int = 0
+
+
 @torch.no_grad()
-def measure(model, tokenizer, config: ProfilerConfig, progress: Progress | None = None) -> dict[str, torch.Tensor]:
-    """Mean per-head measures, name -> [L, G] (`retrieval` only for passkey data); `progress(done,
-    total, what)` after each sequence (total: the most sequences; text may give fewer text windows)."""
+def measure(model, tokenizer, config: ProfilerConfig, progress: Progress | None = None) -> Measured:
+    """The attention pass over every sequence; `progress(done, total, what)` after each (total: the most
+    sequences; text may give fewer text windows). Where the loss score scores full attention's own answer, the
+    pass keeps its cache and the answer is decoded from it (one prefill less per prompt)."""
     shape = dr.shape_of_config(model.config)
     policies = config.policies()
     sums: dict[str, torch.Tensor] = {}
-    count = 0
+    scored, written = [], 0
     device = next(model.parameters()).device
     most = config.samples * len(config.contexts)
     report = progress or (lambda done, total, what: None)
     report(0, most, "sequences measured")
     for seq in sequences(tokenizer, config):
+        cache = DynamicCache(config=model.config) if config.scores_own_answer else None
         with recording(model, recorded_rows(seq, policies), config.quantized(shape.head_dim), len(seq.rows)) as stats:
-            model(input_ids=torch.tensor([seq.ids], device=device), use_cache=False, logits_to_keep=1)
+            ids = torch.tensor([seq.ids], device=device)
+            model(input_ids=ids, use_cache=cache is not None, cache=cache, logits_to_keep=1)
         for name, value in sample_measures(stats, seq, policies, shape).items():
             sums[name] = sums.get(name, 0) + value
-        count += 1
-        report(count, max(most, count), "sequences measured")
-    if count < most:
-        report(count, count, "sequences measured")
-    return {name: total / count for name, total in sums.items()}
+        answer, is_written = scored_answer(model, tokenizer, seq, config.answer, cache)
+        scored.append(answer)
+        written += is_written
+        report(len(scored), max(most, len(scored)), "sequences measured")
+    if len(scored) < most:
+        report(len(scored), len(scored), "sequences measured")
+    return Measured({name: total / len(scored) for name, total in sums.items()}, scored, written)
 
 
 def observation_windows(seq: ProfiledSequence, policies) -> dict[int, range]:
@@ -268,9 +290,9 @@ def profile_model(
     passes = 2 if config.chosen_score == "loss" else 1
     started = time.perf_counter()
     measured = measure(model, tokenizer, config, lambda done, total, what: report(done, total * passes, what))
-    scored_with = {}
+    means, scored_with = measured.means, {}
     if passes == 2:
-        measured["loss"], scored_with = answer_loss_score(model, tokenizer, config, report)
+        means["loss"], scored_with = answer_loss_score(model, measured, config, report)
     seconds = time.perf_counter() - started
     settings = {"data": config.data, "samples": config.samples, "contexts": list(config.contexts), "seed": config.seed}
     shape = dr.shape_of_config(model.config)
@@ -278,7 +300,7 @@ def profile_model(
     policies |= {error_name(p.label): p for p in config.quantized(shape.head_dim)}
     measurements = {
         name: Measurement(_table(values), {**settings, **policy_settings(policies.get(name), config)}, "profiler")
-        for name, values in measured.items()
+        for name, values in means.items()
         if name != "loss"
     }
     archs = getattr(model.config, "architectures", None) or [None]
@@ -290,17 +312,14 @@ def profile_model(
         source |= {"haystacks": list(map(str, config.haystacks))}
         if config.chosen_score == "loss":
             source |= {"answer": config.answer}
-    return dr.Profile(info, _table(chosen_scores(measured, config.chosen_score)), source, deploy, measurements)
+    return dr.Profile(info, _table(chosen_scores(means, config.chosen_score)), source, deploy, measurements)
 
 
-def answer_loss_score(model, tokenizer, config: ProfilerConfig, report: Progress) -> tuple[torch.Tensor, dict]:
-    """([L, G], what the source records): streaming_loss over the profiler's sequences (their answer rows),
-    at g = 1 or at `config.loss_at_sparsity`'s plan; progress continues the attention pass's count."""
-    scored = list(sequences(tokenizer, config))
-    pairs, recorded = [(seq.ids, seq.loss_rows) for seq in scored], {}
-    if config.format == "chat" and config.answer != "written":
-        pairs, written = scored_answers(model, tokenizer, scored, config.answer)
-        recorded = {"written_answers": written} if config.answer == "right" else {}
+def answer_loss_score(model, measured: Measured, config: ProfilerConfig, report: Progress) -> tuple[torch.Tensor, dict]:
+    """([L, G], what the source records): streaming_loss over the attention pass's scored sequences, at g = 1 or
+    at `config.loss_at_sparsity`'s plan; progress continues the attention pass's count."""
+    pairs = measured.scored
+    recorded = {"written_answers": measured.written} if config.scores_own_answer and config.answer == "right" else {}
     sink_window = dr.SinkWindow(config.sink, config.recent)
     what = "sequences scored by answer loss"
     if config.loss_at_sparsity is None:
@@ -311,31 +330,35 @@ def answer_loss_score(model, tokenizer, config: ProfilerConfig, report: Progress
     return ranked.scores, {**recorded, **ranked.source}
 
 
-def scored_answers(model, tokenizer, chat: list[ProfiledSequence], answer: str) -> tuple[list, int]:
-    """(the (token ids, answer rows) the loss score scores, how many answers are the written one): full
-    attention's own greedy answer to each prompt, or for `right` the written answer where its own is not exact
-    (the first number not the key). Scored on its own wrong answers ("The pass key is the name of a specific
+def scored_answer(model, tokenizer, seq: ProfiledSequence, answer: str, cache=None) -> tuple[tuple, bool]:
+    """((the token ids, the answer rows) the loss score scores, whether that is the written answer): without a
+    `cache` (the answer is not the model's own) the sequence as written; else full attention's own greedy answer
+    decoded from `cache` (its pass over the sequence), or for `right` the written answer where its own is not
+    exact (the first number not the key). Scored on its own wrong answers ("The pass key is the name of a specific
     type of pass"), the loss ranks the heads that keep that answer: on SmolLM2 such a profile lost 12 of 22 of
     full attention's right answers at 0.75 on held-out prompts, scored on the right answer it lost none."""
-    pairs, written = [], 0
-    for seq in chat:
-        prompt_end = seq.loss_rows[0] + 1
-        said, rows = own_answer(model, seq.ids, prompt_end, tokenizer.eos_token_id)
-        text = tokenizer.decode(said[prompt_end:], skip_special_tokens=True)
-        if answer == "right" and not ChatAnswer("profile", seq.key, text).exact:
-            said, rows, written = seq.ids, seq.loss_rows, written + 1
-        pairs.append((said, rows))
-    return pairs, written
+    if cache is None:
+        return (seq.ids, seq.loss_rows), False
+    prompt_end = seq.loss_rows[0] + 1
+    said, rows = own_answer(model, seq.ids, prompt_end, tokenizer.eos_token_id, cache)
+    text = tokenizer.decode(said[prompt_end:], skip_special_tokens=True)
+    if answer == "right" and not ChatAnswer("profile", seq.key, text).exact:
+        return (seq.ids, seq.loss_rows), True
+    return (said, rows), False
 
 
 @torch.no_grad()
-def own_answer(model, ids: list[int], prompt_end: int, eos: int | None) -> tuple[list[int], list[int]]:
+def own_answer(model, ids: list[int], prompt_end: int, eos: int | None, cache=None) -> tuple[list[int], list[int]]:
     """(the prompt and full attention's greedy answer to it, the rows that predict that answer's tokens): the
     loss score then ranks the heads that keep what the model itself says, not a written answer it would not
-    give ("The pass key is K." where SmolLM2 says "The pass key mentioned in the text is K.")."""
+    give ("The pass key is K." where SmolLM2 says "The pass key mentioned in the text is K."). `cache`: a
+    `DynamicCache` of a pass over `ids` (or its start), cut back here so that decoding feeds the prompt's last
+    token; without it, generate prefills the prompt."""
     device = next(model.parameters()).device
     prompt = torch.tensor([ids[:prompt_end]], device=device)
-    said = model.generate(prompt, max_new_tokens=OWN_ANSWER_TOKENS, do_sample=False, eos_token_id=eos)
+    if cache is not None:
+        cache.crop(-(cache.get_seq_length() - (prompt_end - 1)))  # a negative count: transformers 5 crops by it
+    said = model.generate(prompt, cache=cache, max_new_tokens=OWN_ANSWER_TOKENS, do_sample=False, eos_token_id=eos)
     said = said[0].tolist()
     return said, list(range(prompt_end - 1, len(said) - 1))
 

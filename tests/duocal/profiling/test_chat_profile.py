@@ -11,7 +11,7 @@ from duocal.cli.app import app
 from duocal.data.chat_answers import ANSWER, answered_chat
 from duocal.data.chat_prompts import chat_ids, chat_prompts
 from duocal.profiling import ProfilerConfig, profiler
-from duocal.profiling.profiler import own_answer, scored_answers, sequences
+from duocal.profiling.profiler import own_answer, scored_answer, sequences
 
 NAME = "smollm2-135m-instruct"
 runner = CliRunner()
@@ -103,6 +103,21 @@ def test_the_own_answer_is_full_attentions_greedy_answer_and_its_rows_predict_it
     assert [int(logits[r].argmax()) for r in rows] == said[7:]
 
 
+def test_the_own_answer_decoded_from_the_attention_passs_cache_is_the_one_a_new_prefill_gives(tiny_llama):
+    """The attention pass runs over the prompt and the written answer with a cache; cut back to the prompt, that
+    cache decodes the same greedy answer as generate() from scratch (one prefill less per prompt)."""
+    from transformers import DynamicCache
+
+    from duocal.profiling.attention_stats import recording
+
+    ids = [5, 9, 3, 17, 22, 8, 40, 41, 42, 43]
+    cache = DynamicCache(config=tiny_llama.config)
+    with torch.no_grad(), recording(tiny_llama, [7, 8]):
+        tiny_llama(input_ids=torch.tensor([ids]), use_cache=True, cache=cache, logits_to_keep=1)
+    assert cache.get_seq_length() == len(ids)
+    assert own_answer(tiny_llama, ids, 7, eos=None, cache=cache) == own_answer(tiny_llama, ids, 7, eos=None)
+
+
 @pytest.mark.parametrize("answer, written", [("right", 1), ("own", 0)])
 def test_the_right_answer_is_full_attentions_own_answer_where_it_gives_the_key(
     smollm2_tokenizer, monkeypatch, answer, written
@@ -116,14 +131,16 @@ def test_the_right_answer_is_full_attentions_own_answer_where_it_gives_the_key(
         chat[1].key: "The pass key is the name of a specific type of pass key",
     }
 
-    def own(model, ids, prompt_end, eos):  # a greedy answer as the model could give it
+    def own(model, ids, prompt_end, eos, cache):  # a greedy answer as the model could give it
         text = said[next(seq.key for seq in chat if seq.ids == ids)]
         answer_ids = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
         return ids[:prompt_end] + answer_ids, list(range(prompt_end - 1, prompt_end + len(answer_ids) - 1))
 
     monkeypatch.setattr(profiler, "own_answer", own)
-    pairs, counted = scored_answers(None, smollm2_tokenizer, chat, answer)
-    assert counted == written
+    pairs, counted = zip(
+        *[scored_answer(None, smollm2_tokenizer, seq, answer, cache="kept") for seq in chat], strict=True
+    )
+    assert sum(counted) == written
     for seq, (ids, rows) in zip(chat, pairs, strict=True):
         prompt_end = seq.loss_rows[0] + 1
         scored = smollm2_tokenizer.decode(ids[prompt_end:])
