@@ -15,9 +15,10 @@ from .options import CHAT_DEPTHS_TEXT, DepthsOpt, split
 from .user_errors import user_errors
 
 CHAT_PROFILE_HAYSTACKS = "repeated,text"  # the chat format's default: both haystacks, prompts alternating
-# The chat format's defaults: 8 prompts per haystack at 1536 tokens (on SmolLM2, 8 at 1024 ranked heads that lost
-# 26 of 48 answers of full attention at 0.5 on held-out 1536-token prompts; these lost none: benchmarks/tune.md).
-CHAT_DEFAULTS = {"samples": 16, "contexts": "1536"}
+# The chat format's defaults: 4 prompts per haystack at 1536 tokens (on SmolLM2, 8 at 1024 ranked heads that lost
+# 26 of 48 answers of full attention at 0.5 on held-out 1536-token prompts; these lose none at 0.5 and 0.75, as
+# 16 prompts did, in half the time: benchmarks/tune.md).
+CHAT_DEFAULTS = {"samples": 8, "contexts": "1536"}
 OTHER_DEFAULTS = {"samples": 8, "contexts": "1024"}
 
 
@@ -55,7 +56,7 @@ def profiler_command(
     text: Annotated[Path | None, typer.Option(help="A UTF-8 text file, for --data text.")] = None,
     samples: Annotated[
         int | None,
-        typer.Option(help="Samples (text: text windows at most) per context (default: 16 for chat, else 8)."),
+        typer.Option(help="Samples (text: text windows at most) per context (default: 8)."),
     ] = None,
     contexts: Annotated[
         str | None, typer.Option(help="Context lengths in tokens (default: 1536 for chat, else 1024).")
