@@ -8,8 +8,10 @@ every answer token is the most likely token after those before it (so exact matc
 decoding, for the answer's length, comes from the same pass). Passkey prompts are answered freely
 too (a copy of the prefilled cache decodes greedily): right when the answer is exact and clean as
 `eval passkey --format chat` scores it (its first number is the key, no phrase repeated before it),
-however the model words it. A free answer is decoded only where the expected one is not the greedy
-one: "The pass key is K." is itself exact and clean, and greedy decoding would give it.
+however the model words it. A free answer is decoded only where neither the expected one nor full
+attention's own right answer to that prompt is the greedy one (one pass each, as the loss): "The pass key is
+K." is itself exact and clean, and greedy decoding would give it; a plan that gives full attention's right
+answer token for token is right as it is.
 Text: perplexity over text windows (eval/perplexity.py); its loss is log(ppl).
 KV memory: the plan's bytes at `context` tokens, batch 1, in the model's dtype.
 
@@ -123,11 +125,14 @@ def shared_prefixes(
 
 
 @torch.no_grad()
-def answer_scores(model, cache, item: AnsweredPrompt, work: TuneWork, prefix: KV | None) -> tuple[float, bool]:
-    """(mean nats per answer token, whether the greedy answer is right) through a fresh `cache`, started
-    from `prefix` (keys and values of the prompt's first tokens) where one is given."""
+def answer_scores(
+    model, cache, item: AnsweredPrompt, work: TuneWork, prefix: KV | None, known: tuple[int, ...] | None = None
+) -> tuple[float, bool, tuple[int, ...] | None]:
+    """(mean nats per answer token, whether the greedy answer is right, the free answer where it was decoded or
+    confirmed and is right) through a fresh `cache`, started from `prefix` (keys and values of the prompt's
+    first tokens) where one is given; `known`: a right free answer to this prompt (full attention's), checked
+    in one pass before any decoding."""
     device = next(model.parameters()).device
-    answer = torch.tensor(item.answer, device=device)
     start = 0
     if prefix is not None:
         cache.load_prefix(prefix)
@@ -135,15 +140,27 @@ def answer_scores(model, cache, item: AnsweredPrompt, work: TuneWork, prefix: KV
     if start < len(item.prompt) - 1:
         model(input_ids=torch.tensor([item.prompt[start:-1]], device=device), cache=cache, logits_to_keep=1)
     free = copy.deepcopy(cache) if item.key is not None else None  # the free answer continues from here
-    fed = torch.tensor([item.prompt[-1:] + item.answer], device=device)
-    predictions = model(input_ids=fed, cache=cache).logits[0, :-1].float()  # [A, V]: each answer token's
-    loss = float(torch.nn.functional.cross_entropy(predictions, answer))
-    expected_is_greedy = bool((predictions.argmax(-1) == answer).all())
+    loss, expected_is_greedy = teacher_forced(model, cache, item.prompt[-1], item.answer)
     if free is None or expected_is_greedy:  # "The pass key is K." is exact and clean
-        return loss, expected_is_greedy
-    said = work.decode(list(greedy(model, item.prompt, free, NEW_TOKENS)))
-    answered = ChatAnswer("tune", item.key, said.strip())
-    return loss, answered.exact and answered.clean
+        return loss, expected_is_greedy, None
+    if known is not None and teacher_forced(model, copy.deepcopy(free), item.prompt[-1], known)[1]:
+        return loss, True, known  # greedy decoding would say full attention's right answer
+    said = greedy(model, item.prompt, free, NEW_TOKENS)
+    answered = ChatAnswer("tune", item.key, work.decode(list(said)).strip())
+    right = answered.exact and answered.clean
+    return loss, right, said if right else None
+
+
+def teacher_forced(model, cache, last_prompt_token: int, answer) -> tuple[float, bool]:
+    """(mean nats per token of `answer` after the prompt on `cache`, whether greedy decoding gives it): the
+    prompt's last token and the answer in one chunk; greedy gives it when each of its tokens is the most likely
+    after those before it."""
+    device = next(model.parameters()).device
+    expected = torch.tensor(list(answer), device=device)
+    fed = torch.tensor([[last_prompt_token, *answer]], device=device)
+    predictions = model(input_ids=fed, cache=cache).logits[0, :-1].float()  # [A, V]: each answer token's
+    loss = float(torch.nn.functional.cross_entropy(predictions, expected))
+    return loss, bool((predictions.argmax(-1) == expected).all())
 
 
 def point(
@@ -167,20 +184,23 @@ def point(
         config = PerplexityConfig(
             rows=("full",), context=context, text_windows=len(work.text_windows), scored=work.scored
         )
-        loss, exact, answered = math.log(plan_ppl(model, plan, work.text_windows, config, tick)), None, None
+        loss, exact, answered, said = math.log(plan_ppl(model, plan, work.text_windows, config, tick)), None, None, None
     else:
         scores = []
+        known = full.said if full is not None and full.said else (None,) * len(work.prompts)
         with dr.apply(model, plan) as runtime:
-            for item, prefix in zip(work.prompts, prefixes, strict=True):
-                scores.append(answer_scores(model, runtime.new_cache(), item, work, prefix))
+            for item, prefix, right in zip(work.prompts, prefixes, known, strict=True):
+                scores.append(answer_scores(model, runtime.new_cache(), item, work, prefix, right))
                 tick()
         loss = sum(s[0] for s in scores) / len(scores)
         short = all(len(p.answer) <= SHORT_ANSWER_TOKENS or p.key is not None for p in work.prompts)
         answered = tuple(s[1] for s in scores) if short else None
         exact = sum(answered) if short else None
+        said = tuple(s[2] for s in scores)
     seconds = round(time.perf_counter() - started, 2)
     lost = None if answered is None else lost_answers(full.answered if full else answered, answered)
-    return CurvePoint(sparsity, kv_bytes, kv_bytes / full_bytes, loss, exact, work.items, seconds, lost, answered)
+    fraction = kv_bytes / full_bytes
+    return CurvePoint(sparsity, kv_bytes, fraction, loss, exact, work.items, seconds, lost, answered, said)
 
 
 def lost_answers(full_attention: tuple[bool, ...], answered: tuple[bool, ...]) -> int:

@@ -21,9 +21,9 @@ PROMPT = list(range(5, 45))
 ANSWER = [7, 9, 11, 13]
 
 
-def scores(model, plan, item, work=None, prefix=None):
+def scores(model, plan, item, work=None, prefix=None, known=None):
     with dr.apply(model, plan) as runtime:
-        return answer_scores(model, runtime.new_cache(), item, work or TuneWork(prompts=(item,)), prefix)
+        return answer_scores(model, runtime.new_cache(), item, work or TuneWork(prompts=(item,)), prefix, known)
 
 
 def full_plan(model):
@@ -32,7 +32,7 @@ def full_plan(model):
 
 def test_the_answer_loss_is_the_models_own_teacher_forced_loss(tiny_llama):
     item = AnsweredPrompt(PROMPT, ANSWER)
-    loss, _ = scores(tiny_llama, full_plan(tiny_llama), item)
+    loss, _, _ = scores(tiny_llama, full_plan(tiny_llama), item)
     with torch.no_grad():
         logits = tiny_llama(input_ids=torch.tensor([PROMPT + ANSWER])).logits[0]
     expected = torch.nn.functional.cross_entropy(logits[len(PROMPT) - 1 : -1], torch.tensor(ANSWER))
@@ -52,8 +52,8 @@ def test_a_passkey_prompts_free_answer_leaves_its_loss_alone(tiny_llama):
     plan = dr.plan(random_profile_for(tiny_llama), sparsity=0.5)
     tokenizer = build_tokenizer()
     work = TuneWork(decode=functools.partial(tokenizer.decode, skip_special_tokens=True))
-    plain, _ = scores(tiny_llama, plan, AnsweredPrompt(PROMPT, ANSWER))
-    keyed, right = scores(tiny_llama, plan, AnsweredPrompt(PROMPT, ANSWER, key=12345), work)
+    plain, _, _ = scores(tiny_llama, plan, AnsweredPrompt(PROMPT, ANSWER))
+    keyed, right, _ = scores(tiny_llama, plan, AnsweredPrompt(PROMPT, ANSWER, key=12345), work)
     assert keyed == pytest.approx(plain, abs=1e-6) and right is False  # random weights never say 12345
 
 
@@ -86,6 +86,22 @@ def test_a_passkey_answer_that_greedy_decoding_gives_is_not_decoded_again(tiny_l
     own = out[0, len(PROMPT) :].tolist()
     monkeypatch.setattr(tune_curve, "greedy", lambda *a: pytest.fail("decoded an answer greedy decoding gives"))
     assert scores(tiny_llama, full_plan(tiny_llama), AnsweredPrompt(PROMPT, own, key=1), TuneWork())[1] is True
+
+
+def test_a_plan_that_gives_full_attentions_right_answer_is_right_without_decoding(tiny_llama, monkeypatch):
+    """Where the expected answer is not greedy's, full attention's right free answer is checked in one pass; only
+    a plan that would not say it token for token decodes its own."""
+    with torch.no_grad():
+        out = tiny_llama.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=4, do_sample=False)
+    own = tuple(out[0, len(PROMPT) :].tolist())
+    wrong = (*own[:-1], (own[-1] + 1) % tiny_llama.config.vocab_size)
+    item, plan = AnsweredPrompt(PROMPT, list(wrong), key=1), full_plan(tiny_llama)
+    monkeypatch.setattr(tune_curve, "greedy", lambda *a: pytest.fail("decoded an answer full attention gave"))
+    assert scores(tiny_llama, plan, item, TuneWork(), known=own)[1:] == (True, own)
+    decoded = []
+    monkeypatch.setattr(tune_curve, "greedy", lambda *a: decoded.append(a) or own)
+    work = TuneWork(decode=lambda ids: "no key here")
+    assert scores(tiny_llama, plan, item, work, known=wrong)[1:] == (False, None) and len(decoded) == 1
 
 
 def test_the_shared_prefix_changes_no_figure_of_the_curve(tiny_llama):
