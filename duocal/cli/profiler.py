@@ -15,7 +15,7 @@ from .options import CHAT_DEPTHS_TEXT, DepthsOpt, split
 from .user_errors import user_errors
 
 CHAT_PROFILE_HAYSTACKS = "repeated,text"  # the chat format's default: both haystacks, prompts alternating
-# The chat format's defaults: 4 prompts per haystack at 1536 tokens (on SmolLM2, 8 at 1024 ranked heads that lost
+# The chat format's defaults: 8 prompts (4 per haystack) at 1536 tokens (on SmolLM2, 8 at 1024 ranked heads that lost
 # 26 of 48 answers of full attention at 0.5 on held-out 1536-token prompts; these lose none at 0.5 and 0.75, as
 # 16 prompts did, in half the time: benchmarks/tune.md).
 CHAT_DEFAULTS = {"samples": 8, "contexts": "1536"}

@@ -11,7 +11,8 @@ too (a copy of the prefilled cache decodes greedily): right when the answer is e
 however the model words it. A free answer is decoded only where neither the expected one nor full
 attention's own right answer to that prompt is the greedy one (one pass each, as the loss): "The pass key is
 K." is itself exact and clean, and greedy decoding would give it; a plan that gives full attention's right
-answer token for token is right as it is.
+answer token for token is right as it is. Both checks hold where a chunk changes nothing (full and sink-window
+heads); a plan with heads that evict after each pass (H2O, SnapKV) decodes every free answer.
 Text: perplexity over text windows (eval/perplexity.py); its loss is log(ppl).
 KV memory: the plan's bytes at `context` tokens, batch 1, in the model's dtype.
 
@@ -126,12 +127,20 @@ def shared_prefixes(
 
 @torch.no_grad()
 def answer_scores(
-    model, cache, item: AnsweredPrompt, work: TuneWork, prefix: KV | None, known: tuple[int, ...] | None = None
+    model,
+    cache,
+    item: AnsweredPrompt,
+    work: TuneWork,
+    prefix: KV | None,
+    known: tuple[int, ...] | None = None,
+    one_pass_is_greedy: bool = True,
 ) -> tuple[float, bool, tuple[int, ...] | None]:
     """(mean nats per answer token, whether the greedy answer is right, the free answer where it was decoded or
     confirmed and is right) through a fresh `cache`, started from `prefix` (keys and values of the prompt's
     first tokens) where one is given; `known`: a right free answer to this prompt (full attention's), checked
-    in one pass before any decoding."""
+    in one pass before any decoding. `one_pass_is_greedy` False (a plan whose heads evict after each pass, as
+    H2O does, where a chunk keeps tokens that step-by-step decoding would have evicted): a passkey prompt's
+    free answer is always decoded."""
     device = next(model.parameters()).device
     start = 0
     if prefix is not None:
@@ -141,9 +150,13 @@ def answer_scores(
         model(input_ids=torch.tensor([item.prompt[start:-1]], device=device), cache=cache, logits_to_keep=1)
     free = copy.deepcopy(cache) if item.key is not None else None  # the free answer continues from here
     loss, expected_is_greedy = teacher_forced(model, cache, item.prompt[-1], item.answer)
-    if free is None or expected_is_greedy:  # "The pass key is K." is exact and clean
+    if free is None or (expected_is_greedy and one_pass_is_greedy):  # "The pass key is K." is exact and clean
         return loss, expected_is_greedy, None
-    if known is not None and teacher_forced(model, copy.deepcopy(free), item.prompt[-1], known)[1]:
+    if (
+        known is not None
+        and one_pass_is_greedy
+        and teacher_forced(model, copy.deepcopy(free), item.prompt[-1], known)[1]
+    ):
         return loss, True, known  # greedy decoding would say full attention's right answer
     said = greedy(model, item.prompt, free, NEW_TOKENS)
     answered = ChatAnswer("tune", item.key, work.decode(list(said)).strip())
@@ -184,23 +197,25 @@ def point(
         config = PerplexityConfig(
             rows=("full",), context=context, text_windows=len(work.text_windows), scored=work.scored
         )
-        loss, exact, answered, said = math.log(plan_ppl(model, plan, work.text_windows, config, tick)), None, None, None
+        loss, exact, answered = math.log(plan_ppl(model, plan, work.text_windows, config, tick)), None, None
+        right_answers = None
     else:
         scores = []
-        known = full.said if full is not None and full.said else (None,) * len(work.prompts)
+        known = full.right_answers if full is not None and full.right_answers else (None,) * len(work.prompts)
+        one_pass = not any(p.chunking_changes_result for row in plan.policies for p in row)
         with dr.apply(model, plan) as runtime:
-            for item, prefix, right in zip(work.prompts, prefixes, known, strict=True):
-                scores.append(answer_scores(model, runtime.new_cache(), item, work, prefix, right))
+            for item, prefix, answer in zip(work.prompts, prefixes, known, strict=True):
+                scores.append(answer_scores(model, runtime.new_cache(), item, work, prefix, answer, one_pass))
                 tick()
         loss = sum(s[0] for s in scores) / len(scores)
         short = all(len(p.answer) <= SHORT_ANSWER_TOKENS or p.key is not None for p in work.prompts)
         answered = tuple(s[1] for s in scores) if short else None
         exact = sum(answered) if short else None
-        said = tuple(s[2] for s in scores)
+        right_answers = tuple(s[2] for s in scores)
     seconds = round(time.perf_counter() - started, 2)
     lost = None if answered is None else lost_answers(full.answered if full else answered, answered)
     fraction = kv_bytes / full_bytes
-    return CurvePoint(sparsity, kv_bytes, fraction, loss, exact, work.items, seconds, lost, answered, said)
+    return CurvePoint(sparsity, kv_bytes, fraction, loss, exact, work.items, seconds, lost, answered, right_answers)
 
 
 def lost_answers(full_attention: tuple[bool, ...], answered: tuple[bool, ...]) -> int:

@@ -26,9 +26,9 @@ class CurvePoint:
     """Quality and KV memory of one sparsity on the tuning data. `loss`: mean nats per scored token;
     `exact`: prompts whose greedy answer is the expected one (None: not measured, e.g. text); `lost`: of
     those full attention answers right, the prompts this sparsity does not (None where exact is not measured);
-    `answered`: each prompt's greedy answer right or not (kept in memory for `lost`, not in the record); `said`:
-    each passkey prompt's free answer where it was decoded and right, else None (kept in memory: a later plan
-    checks it in one pass instead of decoding its own, `tune_curve.answer_scores`)."""
+    `answered`: each prompt's greedy answer right or not (kept in memory for `lost`, not in the record);
+    `right_answers`: each passkey prompt's free answer where it is right (decoded, or checked in one pass), else
+    None (kept in memory: a later plan checks it in one pass before decoding its own, `tune_curve.answer_scores`)."""
 
     sparsity: float
     kv_bytes: int
@@ -39,12 +39,12 @@ class CurvePoint:
     seconds: float = 0.0
     lost: int | None = None
     answered: tuple[bool, ...] | None = field(default=None, repr=False)
-    said: tuple[tuple[int, ...] | None, ...] | None = field(default=None, repr=False)
+    right_answers: tuple[tuple[int, ...] | None, ...] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON holds it: a loss that is not finite (the model's outputs overflowed) is null."""
         data = {**asdict(self), "loss": self.loss if math.isfinite(self.loss) else None}
-        del data["answered"], data["said"]
+        del data["answered"], data["right_answers"]
         return data
 
     @classmethod

@@ -104,6 +104,29 @@ def test_a_plan_that_gives_full_attentions_right_answer_is_right_without_decodin
     assert scores(tiny_llama, plan, item, work, known=wrong)[1:] == (False, None) and len(decoded) == 1
 
 
+def test_later_plans_check_full_attentions_right_answers_in_one_pass_unless_chunks_change_them(tiny_llama, monkeypatch):
+    """Full attention's point keeps its right free answers; a later plan gives them without decoding, except a plan
+    whose heads evict after each pass (H2O: a chunk keeps tokens step-by-step decoding evicts), which decodes."""
+    with torch.no_grad():
+        out = tiny_llama.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=4, do_sample=False)
+    own = tuple(out[0, len(PROMPT) :].tolist())
+    wrong = [*own[:-1], (own[-1] + 1) % tiny_llama.config.vocab_size]
+    work = TuneWork(prompts=(AnsweredPrompt(PROMPT, wrong, key=1),), decode=lambda ids: "The pass key is 1.")
+    monkeypatch.setattr(tune_curve, "greedy", lambda *a: own)  # as the model decodes (NEW_TOKENS is 16)
+    full = point(tiny_llama, 0.0, full_plan(tiny_llama), work, 512, lambda: None, [None])
+    assert full.answered == (True,) and full.right_answers == (own,)
+    monkeypatch.setattr(tune_curve, "greedy", lambda *a: pytest.fail("decoded an answer full attention gave"))
+    again = point(tiny_llama, 0.0, full_plan(tiny_llama), work, 512, lambda: None, [None], full=full)
+    assert again.answered == (True,) and again.lost == 0
+    decoded, passes = [], []
+    monkeypatch.setattr(tune_curve, "greedy", lambda *a: decoded.append(a) or own)
+    one_pass = tune_curve.teacher_forced
+    monkeypatch.setattr(tune_curve, "teacher_forced", lambda *a: passes.append(a[3]) or one_pass(*a))
+    h2o = dr.uniform_plan(dr.shape_of_config(tiny_llama.config), dr.H2O(heavy=8, recent=8))
+    point(tiny_llama, 1.0, h2o, work, 512, lambda: None, [None], full=full)
+    assert passes == [wrong] and len(decoded) == 1  # the expected answer's pass (the loss), never full's answer
+
+
 def test_the_shared_prefix_changes_no_figure_of_the_curve(tiny_llama):
     items = (AnsweredPrompt(PROMPT, ANSWER), AnsweredPrompt(PROMPT[:30], ANSWER[:2]))
     work, profile = TuneWork(prompts=items), random_profile_for(tiny_llama, sink=2, recent=10)
