@@ -202,7 +202,7 @@ def point(
     else:
         scores = []
         known = full.right_answers if full is not None and full.right_answers else (None,) * len(work.prompts)
-        one_pass = not any(p.chunking_changes_result for row in plan.policies for p in row)
+        one_pass = not plan.chunking_changes_result
         with dr.apply(model, plan) as runtime:
             for item, prefix, answer in zip(work.prompts, prefixes, known, strict=True):
                 scores.append(answer_scores(model, runtime.new_cache(), item, work, prefix, answer, one_pass))

@@ -73,7 +73,7 @@ class DuoPagedCache(PagedAttentionCache):
         self.num_blocks = non_trash // plain_block_bytes(self.plan.shape, self.dtype, cb_config.page_size)
         self.read_cache_limit, self.max_decode_fast_path_length = None, 0
         self.max_tokens_read = self._readable_tokens(config)
-        self.chunk_sensitive = any(p.chunking_changes_result for row in plan.policies for p in row)
+        self.chunk_sensitive = plan.chunking_changes_result
         self._pending: list[tuple[str, int, int]] = []
         self._step: PagedStep | None = None
 

@@ -90,6 +90,12 @@ class Plan:
         its policies' `full_attention_prefix`): a cache can take them from full attention's (`DuoCache.load_prefix`)."""
         return min(p.full_attention_prefix for row in self.policies for p in row)
 
+    @property
+    def chunking_changes_result(self) -> bool:
+        """Whether cutting a pass into chunks (or feeding tokens one at a time) can change what a head keeps: any
+        policy that evicts after each pass (H2O, SnapKV)."""
+        return any(p.chunking_changes_result for row in self.policies for p in row)
+
     def layer_groups(self, layer: int) -> list[tuple[HeadPolicy, list[int]]]:
         """The layer's KV heads grouped by identical policy, in order of first appearance."""
         groups: dict[HeadPolicy, list[int]] = {}
