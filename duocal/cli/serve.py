@@ -89,7 +89,8 @@ def serve_command(
             raise ValueError(f"--engine is one of {', '.join(ENGINES)}, got {engine!r}")
         if ctx.args:
             raise ValueError(f"unexpected arguments {' '.join(ctx.args)}: options after `--` are for --engine vllm")
-    from duocal.serving.startup import SERVE_FIELDS, ServeSettings, listening_socket, prepare_server, run, server_url
+    from duocal.serving.addresses import listening_socket, server_url
+    from duocal.serving.startup import SERVE_FIELDS, ServeSettings, prepare_server, run
     from duocal_runtime.planning.sizes import bytes_with_count, human_bytes
 
     with user_errors():

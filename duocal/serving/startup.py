@@ -14,32 +14,6 @@ from .server import ServedModel, build_app
 MAX_DEFAULT_BATCH_TOKENS = 8192
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """Bound before any work (a port in use is an error at once); port 0 takes a free one. `host`: a name,
-    an IPv4 or IPv6 address (`::1`, `[::1]`, `fe80::1%eth0`)."""
-    if not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"--port must be 0-65535 (0: a free port), got {port}")
-    bare = host.removeprefix("[").removesuffix("]")
-    try:
-        family, _, _, _, address = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    except socket.gaierror as err:
-        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-    except OSError as err:
-        sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
-    return sock
-
-
-def server_url(host: str, port: int) -> str:
-    """The URL a client uses for `host`: an IPv6 address in brackets, its zone's `%` escaped (RFC 6874)."""
-    bare = host.removeprefix("[").removesuffix("]")
-    return f"http://[{bare.replace('%', '%25')}]:{port}" if ":" in bare else f"http://{bare}:{port}"
-
-
 def kv_blocks(kv_memory: str | None, num_blocks: int | None, shape, dtype, page_size: int) -> int | None:
     """The pool as transformers' `num_blocks` counts it (blocks of `page_size` tokens of the plain model)."""
     from duocal_runtime.paged.pool_size import pool_blocks
@@ -181,7 +155,7 @@ def draining_server(config):
 
 
 def run(served: ServedModel, sock: socket.socket) -> bool:
-    """Serve on `sock` (see `listening_socket`) until interrupted, then stop batching and remove the plan.
+    """Serve on `sock` (see `addresses.listening_socket`) until interrupted, then stop batching and remove the plan.
     True if it was Ctrl-C that stopped it."""
     import uvicorn
 

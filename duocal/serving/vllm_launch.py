@@ -23,7 +23,15 @@ from types import SimpleNamespace
 
 from duocal_runtime.planning.sizes import GiB
 
-from .vllm_args import check_vllm_args, human_readable_length, option_value, tensor_parallel_size, whole_number
+from .addresses import listening_socket, server_url
+from .vllm_args import (
+    check_vllm_args,
+    human_readable_length,
+    option_value,
+    spells,
+    tensor_parallel_size,
+    whole_number,
+)
 
 VLLM_MISSING = (
     "vLLM is not installed in this environment ({python}): run `make vllm`, then "
@@ -31,7 +39,10 @@ VLLM_MISSING = (
 )
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 OPENAI_ERRORS_MIDDLEWARE = "duocal_vllm.openai_errors.OpenAIErrorBodies"  # vllm_plugin/openai_errors.py
+SEEDED_SAMPLING_MIDDLEWARE = "duocal_vllm.seeded_sampling.SeededSamplingRefusal"  # vllm_plugin/seeded_sampling.py
 CHUNK_CAP_OPTION = "--long-prefill-token-threshold"
+RETENTION_OPTION = "--prefix-cache-retention-interval"
+PROMPT_DETAILS_OPTION = "--enable-prompt-tokens-details"
 VLLM_CPU_BLOCK_SIZE = 128  # vLLM-CPU's default block size
 KV_BYTES_OPTION = "--kv-cache-memory-bytes"
 KV_SPACE_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"
@@ -129,6 +140,28 @@ def model_config(folder: Path) -> SimpleNamespace:
     return SimpleNamespace(**{**data, "_name_or_path": str(folder)})
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")  # what vLLM's default loader reads (load format "auto")
+
+
+def check_weights(folder: Path, vllm_args: tuple[str, ...]) -> None:
+    """Refuse a model folder without weight files vLLM can load (it would fail only after its start-up), unless
+    `-- --load-format` names another source (e.g. dummy)."""
+    if option_value(vllm_args, "--load-format") not in (None, "auto", "safetensors", "pt"):
+        return
+    if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise ValueError(
+            f"{folder} has a config.json but no weights ({', '.join(WEIGHT_FILES)}): vLLM would fail after its "
+            "start-up. Save the model's weights into the folder (model.save_pretrained(folder)), or give another one"
+        )
+
+
+def free_address(host: str, port: int) -> int:
+    """The port vLLM is to listen on, after binding `host`:`port` once here (a bad port or host, or a port in use,
+    is refused before vLLM loads); port 0 becomes a free port, which duocal then names."""
+    with listening_socket(host, port) as sock:
+        return sock.getsockname()[1]
+
+
 def check_one_pipeline_stage(table: list, vllm_args: tuple[str, ...]) -> None:
     """Refuse pipeline parallelism for a plan with streaming heads (the plugin would, once vLLM has started)."""
     stages = whole_number(vllm_args, "--pipeline-parallel-size", "-pp")
@@ -172,6 +205,24 @@ def chunk_cap_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
     return [CHUNK_CAP_OPTION, str(max(recents) if length is None else min(max(recents), length))]
 
 
+def retention_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
+    """`--prefix-cache-retention-interval None` (every block of a streaming head keeps its hash) for a plan with
+    streaming heads, unless given after `--`. At vLLM's default (0) a sliding-window group keeps the hash of only
+    the window before each prompt's end, so a document's second question and a chat's next turn would find no
+    window to resume from: reuse would start at a document's third question (duocal_vllm.sink_window_manager)."""
+    streams = any(not spec.is_full for row in table for spec in row)
+    if not streams or option_value(vllm_args, RETENTION_OPTION) is not None:
+        return []
+    return [RETENTION_OPTION, "None"]
+
+
+def prompt_details_args(vllm_args: tuple[str, ...]) -> list[str]:
+    """`--enable-prompt-tokens-details`: each answer's usage says how many prompt tokens came from the prefix cache
+    (``prompt_tokens_details.cached_tokens``), unless the user gave the switch (or its ``--no-`` form)."""
+    forms = (PROMPT_DETAILS_OPTION, "--no-" + PROMPT_DETAILS_OPTION[2:])
+    return [] if any(spells(arg, forms) for arg in vllm_args) else [PROMPT_DETAILS_OPTION]
+
+
 def block_size_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
     """``--block-size N`` when the user gave none and the streaming heads need another than vLLM-CPU's default to
     run on vLLM's kernel (else they run a slow per-request gather)."""
@@ -206,16 +257,18 @@ def vllm_launch(settings: VllmServe) -> Launch:
     if profile is None:
         raise ValueError(f"no profile for {ref.arg}: pass --profile (a file or prebuilt name, duocal profiles list)")
     config = model_config(Path(ref.path))
+    check_weights(Path(ref.path), vllm_args)
     overrides, table = plan_overrides(settings, config, profile, vllm_args)
     check_one_pipeline_stage(table, vllm_args)
+    port = free_address(settings.host, settings.port)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", ref.path, "--served-model-name", settings.model,
-            "--host", settings.host, "--port", str(settings.port), "--hf-overrides", json.dumps(overrides),
+            "--host", settings.host, "--port", str(port), "--hf-overrides", json.dumps(overrides),
             "--middleware", OPENAI_ERRORS_MIDDLEWARE,  # the framework's {"detail"} 4xx bodies in OpenAI's shape
-            *chunk_cap_args(table, vllm_args), *block_size_args(table, vllm_args),
+            "--middleware", SEEDED_SAMPLING_MIDDLEWARE,  # a 400 for what would stop vLLM-CPU's engine
+            *chunk_cap_args(table, vllm_args), *block_size_args(table, vllm_args), *retention_args(table, vllm_args),
+            *prompt_details_args(vllm_args),
             *settings.vllm_args]  # fmt: skip
-    summary = (
-        f"vLLM's OpenAI server for {settings.model} at http://{settings.host}:{settings.port}/v1, plan {overrides}"
-    )
+    summary = f"vLLM's OpenAI server for {settings.model} at {server_url(settings.host, port)}/v1, plan {overrides}"
     return Launch(argv, env, summary)
 
 

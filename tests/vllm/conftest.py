@@ -53,6 +53,13 @@ def offline_engines(reference: dict, wrong_profile: Path) -> list[dict]:
         # the long prompt again last: with prefix caching on, its second run reads the first one's blocks
         {"name": "all_full", "prompts": [*prompts, long_prompt], "enable_prefix_caching": True,
          "hf_overrides": duo_overrides(duocal_sparsity=0)},
+        # the shipped profile at 0.5 with every block hashed (as duocal serve sets it): the long prompt again, and a
+        # prompt sharing its first 700 tokens, read the cache with their own sinks
+        {"name": "shipped_05_cached", "prompts": [*prompts, long_prompt, shared_prefix(prompts)],
+         "enable_prefix_caching": True, "prefix_cache_retention_interval": None, "block_size": 64,
+         "hf_overrides": duo_overrides(duocal_sparsity=0.5)},
+        {"name": "shipped_05_shared_uncached", "prompts": [shared_prefix(prompts)], "block_size": 64,
+         "hf_overrides": duo_overrides(duocal_sparsity=0.5)},
         # the plan from the environment only: every head sink_window, sink 32 + recent 128 (eviction changes answers)
         {"name": "small_sink_window", "prompts": prompts, "hf_overrides": {"architectures": ["DuoLlamaForCausalLM"]},
          "env": {"DUOCAL_PROFILE": str(PROFILE), "DUOCAL_SPARSITY": "1.0", **small}},
@@ -63,6 +70,11 @@ def offline_engines(reference: dict, wrong_profile: Path) -> list[dict]:
         {"name": "h2o", "prompts": [[1, 2, 3]],
          "hf_overrides": duo_overrides(duocal_sparsity=0.5, duocal_policy="h2o")},
     ]  # fmt: skip
+
+
+def shared_prefix(prompts: list[list[int]]) -> list[int]:
+    """The long prompt's first 700 tokens, then 100 of another prompt."""
+    return prompts[2][:700] + prompts[3][:100]
 
 
 @pytest.fixture(scope="session")

@@ -10,9 +10,11 @@ Per engine, in order: ``ENGINE name`` before it starts, then ``RESULT name {"tok
 or ``REFUSED name`` when building it raised (its message is in the log above the line), then ``SECONDS name N``.
 vLLM's log-once messages are forgotten between engines, so that each engine's part of the log has its own
 start-up lines (e.g. "KV cache size: N tokens").
-Engine keys: "prompts", "max_tokens" (16), "hf_overrides", "env" (set in os.environ while the engine is built and
-runs: the plugin reads DUOCAL_* there), "model" (the run's), "max_model_len" (2048), "max_num_batched_tokens"
-(512), "enable_prefix_caching" (false), "block_size" (vLLM's choice), "enforce_eager" (true: no torch.compile),
+Engine keys: "prompts", "max_tokens" (16), "min_tokens" (0; as transformers' min_new_tokens), "hf_overrides", "env"
+(set in os.environ while the engine is built and runs: the plugin reads DUOCAL_* there), "model" (the run's),
+"max_model_len" (2048), "max_num_batched_tokens" (512), "enable_prefix_caching" (false),
+"prefix_cache_retention_interval" (0, vLLM's default; null: every block keeps its hash), "block_size" (vLLM's
+choice), "enforce_eager" (true: no torch.compile),
 "tensor_parallel_size" (1; above 1 its ranks run as worker processes, and VLLM_CPU_OMP_THREADS_BIND must name one
 CPU list per rank, e.g. "0|1", before this process imports vLLM). float32, at most 4 sequences.
 Prompts run one after another, so that a repeated prompt can hit the cache of an earlier one.
@@ -41,6 +43,7 @@ def build(spec: dict):
         max_num_seqs=4,
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 512),
         enable_prefix_caching=spec.get("enable_prefix_caching", False),
+        prefix_cache_retention_interval=spec.get("prefix_cache_retention_interval", 0),
         block_size=spec.get("block_size"),
         hf_overrides=spec.get("hf_overrides"),
     )
@@ -50,7 +53,8 @@ def generate(llm, spec: dict) -> dict:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(temperature=0, max_tokens=spec.get("max_tokens", 16))
+    max_tokens, min_tokens = spec.get("max_tokens", 16), spec.get("min_tokens", 0)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, min_tokens=min_tokens)
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
     outs, calls = [], []
     for prompt in prompts:

@@ -1,9 +1,8 @@
-"""Prefix caching with a duocal plan: on with an all-full plan (an offline engine of conftest.py), a repeated
-prompt reuses its cached prefix as stock vLLM does, with the same tokens. Off: the stock and small-window engines
-(test_duo_llama.py). On with streaming heads (the shipped profile at 0.5): test_serve_vllm.py's server, where no
-prompt reuses a cached prefix and one log line says why."""
-
-from duocal_vllm.sink_window_spec import PREFIX_CACHING_OFF
+"""Prefix caching with a duocal plan (offline engines of conftest.py): an all-full plan reuses cached prefixes as
+stock vLLM does; a plan with streaming heads (the shipped profile at 0.5, blocks of 64, sink 64 + recent 512) reuses
+them too, each hit carrying the request's own sink blocks, with the tokens of the same prompts computed in full.
+Off: the stock and small-window engines (test_duo_llama.py). The server's counters: test_serve_vllm.py; the lookup
+and block accounting without an engine: test_sink_window_hits.py; every family: test_families.py."""
 
 
 def test_an_all_full_plan_reuses_cached_prefixes(offline, reference):
@@ -13,4 +12,13 @@ def test_an_all_full_plan_reuses_cached_prefixes(offline, reference):
     assert run.tokens[-1] == run.tokens[2]  # the long prompt, again
     assert run.cached[:-1] == [0] * len(reference["cases"])
     assert run.cached[-1] >= len(long_prompt) // 128 * 128 - 128 > 0
-    assert PREFIX_CACHING_OFF not in run.log
+
+
+def test_a_plan_with_streaming_heads_reuses_cached_prefixes_with_the_same_tokens(offline, reference):
+    run, cases = offline["shipped_05_cached"], reference["cases"]
+    assert run.tokens is not None, run.log[-3000:]
+    assert run.tokens[: len(cases)] == [case["duo"] for case in cases]  # duocal's runtime, no hit
+    assert run.cached == [0] * len(cases) + [960, 640]  # 993 - 1 and 700 tokens, in whole blocks of 64
+    assert run.tokens[len(cases)] == cases[2]["duo"]  # the long prompt from the cache: as computed in full
+    shared = offline["shipped_05_shared_uncached"]
+    assert shared.tokens is not None and run.tokens[-1] == shared.tokens[0]

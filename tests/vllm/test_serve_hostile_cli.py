@@ -6,6 +6,7 @@ test_serve_hostile_requests.py."""
 import json
 import math
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -31,14 +32,15 @@ def edited_profile(folder: Path, edit) -> str:
     return str(path)
 
 
-def model_with_config(folder: Path, model_folder: Path, edit) -> str:
-    """A model folder whose config.json is SmolLM2's changed by `edit(config)` (or the text it returns)."""
+def model_with_config(folder: Path, model_folder: Path, edit, weights: bool = True) -> str:
+    """A model folder whose config.json is SmolLM2's changed by `edit(config)` (or the text it returns), with
+    SmolLM2's weights unless `weights` is False."""
     folder.mkdir()
     config = json.loads((model_folder / "config.json").read_text())
     text = edit(config)
     (folder / "config.json").write_text(text if isinstance(text, str) else json.dumps(config))
-    for weights in model_folder.glob("*.safetensors"):
-        (folder / weights.name).symlink_to(weights)
+    for found in model_folder.glob("*.safetensors") if weights else ():
+        (folder / found.name).symlink_to(found)
     return str(folder)
 
 
@@ -210,7 +212,27 @@ CASES = {
     "unknown model name": (lambda t, m: ["no-such-model"], "no-such-model"),
     "a Hub id": (lambda t, m: ["someone/some-model"], "model folder"),
     "model without a shipped profile": (lambda t, m: [model_with_config(t / "m", m, lambda c: None)], "--profile"),
+    "model folder with a config and no weights": (
+        lambda t, m: [model_with_config(t / "m", m, lambda c: None, weights=False), "--profile", str(PROFILE)],
+        "no weights",
+    ),
+    # where vLLM is to listen: refused here, not by vLLM's server after its start-up
+    "port above 65535": (lambda t, m: [NAME, "--port", "70000"], "--port must be 0-65535"),
+    "port negative": (lambda t, m: [NAME, "--port", "-1"], "--port must be 0-65535"),
+    "host not an address or a known name": (lambda t, m: [NAME, "--host", "garbage"], "cannot listen on garbage"),
+    "port in use": (lambda t, m: [NAME, "--port", str(port_in_use())], "cannot listen on 127.0.0.1"),
 }
+
+
+LISTENERS = []  # sockets held open for the rest of the module: the ports they hold are in use
+
+
+def port_in_use() -> int:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    LISTENERS.append(sock)
+    return sock.getsockname()[1]
 
 
 def set_format(value):
@@ -303,6 +325,20 @@ def test_an_edge_value_that_is_served_reaches_vllm_as_given(case, tmp_path, no_s
     overrides = json.loads(launch.argv[launch.argv.index("--hf-overrides") + 1])
     assert {**overrides, **launch.env} | carried == {**overrides, **launch.env}
     assert launch.argv[len(launch.argv) - len(vllm_args) :] == list(vllm_args)
+
+
+def test_port_0_becomes_a_free_port_that_vllm_is_given_and_duocal_names(no_server_start):
+    launch = vllm_launch.vllm_launch(vllm_launch.VllmServe(NAME, port=0))
+    port = int(launch.argv[launch.argv.index("--port") + 1])
+    assert 0 < port <= 65535 and f"http://127.0.0.1:{port}/v1" in launch.summary
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # released for vLLM to bind
+
+
+def test_the_load_format_dummy_needs_no_weights(tmp_path, model_folder, no_server_start):
+    folder = model_with_config(tmp_path / "m", model_folder, lambda c: None, weights=False)
+    launch = vllm_launch.vllm_launch(vllm_launch.VllmServe(folder, str(PROFILE), vllm_args=("--load-format", "dummy")))
+    assert launch.argv[-2:] == ["--load-format", "dummy"]
 
 
 def test_the_probe_has_at_least_sixty_command_lines():

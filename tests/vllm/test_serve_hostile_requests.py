@@ -1,7 +1,8 @@
 """Hostile requests to a running `duocal serve MODEL --engine vllm` (the shipped profile at 0.5: sink 64 + window
 512, blocks of 64, max_model_len 1152, prefix caching on): each bad request is a 4xx with an OpenAI-shaped error
 body, and the server keeps answering everyone else with the right tokens; prompts at the edges of the sink, the
-window and max_model_len; streams cancelled while others run; short requests between long ones. At the end no
+window and max_model_len; streams cancelled while others run; short requests between long ones; questions about
+one document at once (prefix-cache hits) while streams of it are dropped; seeded sampling. At the end no
 request runs, vLLM's KV cache usage is back to zero, and the server's log holds no traceback.
 
 One server for the module (a start costs most of this file's time)."""
@@ -214,9 +215,25 @@ def test_several_prompts_in_one_request_and_several_samples_each_get_their_own_a
     by_index = sorted(answer["choices"], key=lambda choice: choice["index"])
     assert [choice["token_ids"] for choice in by_index] == [short["duo"], medium["duo"]]
     status, answer = post("/v1/completions", {"model": NAME, "prompt": short["prompt_ids"], "max_tokens": 8, "n": 3,
-                                              "temperature": 1.0, "seed": 7, "ignore_eos": True})  # fmt: skip
+                                              "temperature": 1.0, "ignore_eos": True})  # fmt: skip
     assert status == 200, answer
     assert len(answer["choices"]) == 3 and answer["usage"]["completion_tokens"] == 24
+
+
+def test_seeded_sampling_that_would_stop_vllm_cpus_engine_is_a_400_and_the_server_goes_on(hostile_server, reference):
+    """n: 3, temperature 0.8, seed 1 on a ~600-token prompt: its prefill is split into chunks, and vLLM-CPU cannot
+    rewind a seeded CPU generator (`CPU Generator does not use offset`): the engine would stop for everyone."""
+    seeded = {"model": NAME, "prompt": text_ids(reference, 600), "max_tokens": 8, "n": 3, "temperature": 0.8,
+              "seed": 1}  # fmt: skip
+    status, answer = post("/v1/completions", seeded)
+    assert status == 400 and answer["error"]["param"] == "seed", answer
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0.8, "seed": 1}
+    assert post("/v1/chat/completions", chat)[0] == 400
+    status, answer = post("/v1/completions", {**seeded, "temperature": 0, "n": 1})  # greedy: no generator
+    assert status == 200 and answer["usage"]["completion_tokens"] == 8, answer
+    status, answer = post("/v1/completions", {**seeded, "seed": None})  # the same sampling, unseeded
+    assert status == 200 and len(answer["choices"]) == 3, answer
+    assert send("GET", "/health")[0] == 200
 
 
 def stream_and_drop(prompt, chunks: int) -> int:
@@ -243,6 +260,32 @@ def test_short_requests_between_long_ones_and_cancelled_streams_get_their_own_to
         assert [future.result() for future in shorts] == [short["duo"], medium["duo"]] * 6
 
 
+def with_cached(prompt, **more) -> tuple[list[int], int]:
+    """Greedy tokens of a completion, and its prompt tokens read from the prefix cache."""
+    status, answer = post("/v1/completions", {"model": NAME, "prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                              "return_token_ids": True, **more})  # fmt: skip
+    assert status == 200, answer
+    return answer["choices"][0]["token_ids"], answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_requests_sharing_a_document_while_others_are_cancelled_get_the_tokens_computed_in_full(
+    hostile_server, reference
+):
+    """8 questions about one 700-token document at once, 4 streams of it dropped beside them: each answer is the
+    one its prompt gets computed in full (a cache salt of its own: no hit); a later question reads the document."""
+    document = text_ids(reference, 700)
+    questions = [document + [1000 + 37 * i + j for j in range(40)] for i in range(9)]
+    with ThreadPoolExecutor(12) as pool:
+        dropped = [pool.submit(stream_and_drop, [*document, 2000 + i], 8) for i in range(4)]
+        shared = [pool.submit(with_cached, prompt) for prompt in questions[:8]]
+        assert all(future.result() >= 2 for future in dropped)
+        answers = [future.result() for future in shared]
+    for i, (tokens, _) in enumerate(answers):
+        assert tokens == with_cached(questions[i], cache_salt=f"alone-{i}")[0], i
+    tokens, cached = with_cached(questions[8])
+    assert cached >= 640 and tokens == with_cached(questions[8], cache_salt="alone-8")[0]
+
+
 def test_afterwards_every_block_is_free_and_the_log_holds_no_traceback(hostile_server):
     process, log = hostile_server
     deadline = time.monotonic() + 60
@@ -255,4 +298,4 @@ def test_afterwards_every_block_is_free_and_the_log_holds_no_traceback(hostile_s
 
 
 def test_the_probe_sends_at_least_forty_hostile_requests():
-    assert len(BAD_REQUESTS) + len(FRAMEWORK_REQUESTS) + 2 + 2 + 8 + 2 + 1 >= 40
+    assert len(BAD_REQUESTS) + len(FRAMEWORK_REQUESTS) + 2 + 2 + 8 + 2 + 1 + 3 >= 40

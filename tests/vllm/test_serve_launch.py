@@ -45,6 +45,8 @@ def with_architectures(model_folder, folder, architectures):
     folder.mkdir()
     config = json.loads((model_folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "architectures": architectures}))
+    for weights in model_folder.glob("*.safetensors"):
+        (folder / weights.name).symlink_to(weights)
     return folder
 
 
@@ -65,3 +67,23 @@ def test_each_family_is_served_by_its_duocal_class(model_folder, tmp_path, famil
     launch = vllm_launch(VllmServe(str(folder), profile=str(PROFILE), sparsity=0.5))
     overrides = json.loads(launch.argv[launch.argv.index("--hf-overrides") + 1])
     assert overrides["architectures"] == [f"Duo{family}ForCausalLM"]
+
+
+def value_of(argv: list[str], option: str) -> str | None:
+    return argv[argv.index(option) + 1] if option in argv else None
+
+
+def test_a_plan_with_streaming_heads_keeps_every_blocks_hash_unless_the_user_says_otherwise(model_folder):
+    """vLLM's default retention (0) hashes only the window before each prompt's end: a document's second question
+    would find no window to resume from (tests/vllm/test_sink_window_hits.py)."""
+    retention = "--prefix-cache-retention-interval"
+    assert value_of(vllm_launch(VllmServe(NAME, sparsity=0.5)).argv, retention) == "None"
+    assert value_of(vllm_launch(VllmServe(NAME, sparsity=0)).argv, retention) is None  # all full: vLLM's default
+    given = vllm_launch(VllmServe(NAME, sparsity=0.5, vllm_args=("--prefix_cache_retention_interval=1024",))).argv
+    assert retention not in given and given[-1] == "--prefix_cache_retention_interval=1024"
+
+
+def test_answers_say_how_many_prompt_tokens_came_from_the_prefix_cache(model_folder):
+    assert "--enable-prompt-tokens-details" in vllm_launch(VllmServe(NAME)).argv
+    off = vllm_launch(VllmServe(NAME, vllm_args=("--no-enable-prompt-tokens-details",))).argv
+    assert "--enable-prompt-tokens-details" not in off

@@ -19,14 +19,20 @@ from pathlib import Path
 
 import pytest
 
-from duocal_vllm.sink_window_spec import PREFIX_CACHING_OFF
-
 from helpers.vllm_engines import ENV, MAX_NUM_BATCHED_TOKENS, kv_cache_tokens
 
 PORT = 8763
 NAME = "smollm2-135m-instruct"
-SETTINGS = ["--max-model-len", "2048", "--dtype", "float32", "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
-            "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details"]  # fmt: skip
+SETTINGS = [
+    "--max-model-len",
+    "2048",
+    "--dtype",
+    "float32",
+    "--max-num-batched-tokens",
+    str(MAX_NUM_BATCHED_TOKENS),
+    "--enforce-eager",
+    "--enable-prefix-caching",
+]  # fmt: skip (duocal adds --enable-prompt-tokens-details)
 DUOCAL = Path(sys.executable).parent / "duocal"
 
 
@@ -118,10 +124,14 @@ def test_the_shipped_profile_at_half_sparsity_gives_duocal_runtime_tokens(server
         assert cached == 0
 
 
-def test_with_streaming_heads_a_repeated_prompt_reuses_no_cached_prefix_and_the_log_says_why(server, reference):
+def test_with_streaming_heads_a_repeated_prompt_reuses_its_cached_prefix_with_the_same_tokens(server, reference):
+    """The long prompt again (993 tokens, blocks of 64, sink 64 + recent 512): 960 tokens from the cache, the
+    blocks between the sink and the window never read; vLLM's counters count them."""
     long_case = reference["cases"][2]
-    assert complete(long_case["prompt_ids"]) == (long_case["duo"], 0)
-    assert server[1].read_text().count(PREFIX_CACHING_OFF) == 1
+    hits, queries = metric("vllm:prefix_cache_hits_total"), metric("vllm:prefix_cache_queries_total")
+    assert complete(long_case["prompt_ids"]) == (long_case["duo"], 960)
+    assert metric("vllm:prefix_cache_hits_total") - hits == 960
+    assert metric("vllm:prefix_cache_queries_total") - queries == len(long_case["prompt_ids"])
 
 
 def test_the_start_up_lines_count_the_per_head_layout_against_stock_vllm(server, offline):

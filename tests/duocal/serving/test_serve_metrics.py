@@ -12,9 +12,9 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from duocal.serving.addresses import listening_socket, server_url
 from duocal.serving.openapi import common_fields
 from duocal.serving.request_checks import COMMON_FIELDS
-from duocal.serving.startup import listening_socket, server_url
 
 from helpers.serving import NAME, call, running_server
 

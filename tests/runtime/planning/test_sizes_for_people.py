@@ -47,6 +47,7 @@ def test_a_request_over_the_size_limit_is_told_the_limit_in_mib():
 
 
 def test_serve_prints_its_pool_in_gib_and_mib(monkeypatch):
+    import duocal.serving.addresses as addresses
     import duocal.serving.startup as startup
 
     summary = {
@@ -59,7 +60,7 @@ def test_serve_prints_its_pool_in_gib_and_mib(monkeypatch):
     }
     plan = SimpleNamespace(num_bounded=45, num_heads=90)
     served = SimpleNamespace(name="m", runtime=SimpleNamespace(plan=plan))
-    monkeypatch.setattr(startup, "listening_socket", lambda host, port: socket.socket())
+    monkeypatch.setattr(addresses, "listening_socket", lambda host, port: socket.socket())
     monkeypatch.setattr(startup, "prepare_server", lambda settings: (served, summary))
     monkeypatch.setattr(startup, "run", lambda served, sock: False)
     result = CliRunner().invoke(app, ["serve", "m", "--port", "0"])
