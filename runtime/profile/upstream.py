@@ -74,6 +74,11 @@ def parse_upstream_tsv(text: str, where: str = TSV_NAME) -> list[list[float]]:
             raise ProfileError(f"{where} line {lineno} is not tab-separated numbers: {line[:60]!r}") from None
         if not all(math.isfinite(x) for x in row):
             raise ProfileError(f"{where} line {lineno} holds a non-finite gate (nan or inf): {line[:60]!r}")
+        if rows and len(row) != len(rows[0]):
+            raise ProfileError(
+                f"{where} line {lineno} holds {len(row)} gates and the first line {len(rows[0])}: every line holds "
+                "one gate per KV head of its layer (an empty cell or a missing gate?)"
+            )
         rows.append(row)
     if not rows:
         raise ProfileError(f"{where} is empty")

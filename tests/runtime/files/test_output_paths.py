@@ -62,8 +62,9 @@ def test_a_device_node_is_never_replaced(tmp_path):
 
 def test_a_name_of_255_characters_is_written(tmp_path):
     path = tmp_path / ("p" * 250 + ".json")
-    dr.save_profile(random_profile(), path)
-    assert dr.load_profile(str(path)) is not None
+    profile = random_profile()
+    dr.save_profile(profile, path)
+    assert dr.load_profile(str(path)).to_dict() == profile.to_dict()
 
 
 def test_an_unwritable_output_is_refused_before_the_measurement(tmp_path, monkeypatch):
