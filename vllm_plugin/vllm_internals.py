@@ -31,8 +31,10 @@ from vllm.v1.attention.backends.cpu_attn import (
 )
 
 # KV cache management: the sink + recent spec, its manager (frees blocks through `_remove_blocks_in_range`, looks
-# hits up in the block pool by hash, counts blocks as vLLM's `SingleTypeKVCacheManager` does), the spec registry
+# hits up in the block pool by hash, counts blocks as vLLM's `SingleTypeKVCacheManager` does), the spec registry;
+# and the scheduler duocal serve selects for plans with streaming heads (a subclass of vLLM's synchronous one)
 from vllm.v1.core.kv_cache_utils import resolve_block_hashes
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import KVCacheSpec, SlidingWindowSpec, get_kv_quant_mode
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry

@@ -23,7 +23,16 @@ app.add_typer(profiles_app, name="profiles")
 app.add_typer(eval_app, name="eval")
 app.add_typer(models_app, name="models")
 app.add_typer(recipes_app, name="recipes")
-app.command("calibrate", epilog=CALIBRATE_EPILOG)(calibrate_command)
-app.command("profile", epilog=PROFILER_EPILOG)(profiler_command)
-app.command("tune", epilog=TUNE_EPILOG)(tune_command)
-app.command("serve", epilog=SERVE_EPILOG, context_settings={"allow_extra_args": True})(serve_command)
+# one line each in `duocal --help`; `duocal COMMAND --help` gives the whole text
+SHORT_HELP = {
+    "calibrate": "Train DuoAttention gates on synthetic passkey data and write a profile.",
+    "profile": "Measure every KV head from the model's own attention and write a profile.",
+    "tune": "Choose the largest sparsity whose quality holds on your data; record it in the profile.",
+    "serve": "Serve MODEL with a plan behind an OpenAI-compatible API (duocal's server or vLLM's).",
+}
+app.command("calibrate", epilog=CALIBRATE_EPILOG, short_help=SHORT_HELP["calibrate"])(calibrate_command)
+app.command("profile", epilog=PROFILER_EPILOG, short_help=SHORT_HELP["profile"])(profiler_command)
+app.command("tune", epilog=TUNE_EPILOG, short_help=SHORT_HELP["tune"])(tune_command)
+app.command("serve", epilog=SERVE_EPILOG, short_help=SHORT_HELP["serve"], context_settings={"allow_extra_args": True})(
+    serve_command
+)

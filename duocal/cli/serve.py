@@ -76,9 +76,9 @@ def serve_command(
     """Serve MODEL with a plan over transformers' OpenAI-compatible endpoints (/v1/chat/completions,
     /v1/completions, /v1/responses, streaming or not; /v1/models, /health), continuous batching on
     duocal's paged cache. Prints the address and the KV pool (MiB/GiB; requests of the model's context
-    it holds vs plain attention). The model's id is the MODEL you gave. Errors are OpenAI-shaped JSON; a
-    request field the server cannot honour (sampling settings other than the model's, n > 1, logprobs, JSON
-    modes, images) is a 400 naming it. Ctrl-C drains open requests, a second Ctrl-C stops at once. With
+    it holds vs plain attention). The model's id is the MODEL you gave. Errors are OpenAI-shaped JSON; sampling
+    settings are honoured per request, and a field the server cannot honour (n > 1, log probabilities, images)
+    is a 400 naming it. Ctrl-C drains open requests, a second Ctrl-C stops at once. With
     --engine vllm (run from .venv-vllm, `make vllm`): vLLM's own server, options after `--` go to vLLM,
     --kv-memory is whole GiB."""
     if engine == "vllm":

@@ -4,8 +4,8 @@
 The profiler scores the positions that predict the key in the assistant's answer ("The pass key is
 71432."), teacher-forced after the model's chat template, and the needle is the key's sentence in the
 user turn. Scores measured this way rank heads on the format a chat user sends, not on raw text
-ending in "The pass key is" (issue 38: ranked on raw text, the quick-start profile missed 2 more chat
-answers in 8 than full attention at 0.5).
+ending in "The pass key is" (ranked on raw text, the quick-start profile missed 2 more chat answers in 8
+than full attention at 0.5).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Chat prompts with a pass key, answered freely and greedily through a plan: `eval passkey --format chat`.
 
-Issue 38: README's quick-start chat prompt got garbled answers ("The pass key is the pass key is
+Why: README's quick-start chat prompt got garbled answers ("The pass key is the pass key is
 71432") from SmolLM2's shipped profile at 50%, which the raw-text passkey score did not see. An
 answer is `exact` when its first number is the key and `clean` when no phrase of three words comes
 twice before that first number (a garbled answer repeats itself). Batched with left padding.

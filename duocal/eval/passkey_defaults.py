@@ -4,7 +4,7 @@ The bundled demo model keeps its own task (its symbolic format on the synthetic 
 needles, 40 samples at 512 and 1024 tokens: ~1 minute). A real model gets a task full attention
 solves (one digit passkey in the repeated filler, which pretrained LLMs read past; SmolLM2-135M
 gets 16/16 at 2k) at 2048 tokens with 8 samples, so README's quick-start command finishes in
-minutes on 2 CPU cores instead of ~27 (issue 38). Either way one sparsity, the profile's own (what
+minutes on 2 CPU cores instead of ~27. Either way one sparsity, the profile's own (what
 `dr.plan` and `duocal serve` deploy), unless --sparsity names more.
 """
 

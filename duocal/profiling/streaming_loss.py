@@ -14,7 +14,7 @@ sink window's output carries gradient too, so earlier heads' gates see the path 
 
 Measured on chat prompts with their answers written out (data/chat_answers.py), this ranks the heads
 that keep a chat answer right and well-formed: on SmolLM2-135M it is what made the quick-start profile
-chat-safe at 0.5 (issue 38; the attention-mass retrieval score lost 2-3 answers in 8 there).
+chat-safe at 0.5 (an attention-mass retrieval score lost 2-3 answers in 8 there).
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ SEEDED_SAMPLING_MIDDLEWARE = "duocal_vllm.seeded_sampling.SeededSamplingRefusal"
 CHUNK_CAP_OPTION = "--long-prefill-token-threshold"
 RETENTION_OPTION = "--prefix-cache-retention-interval"
 PROMPT_DETAILS_OPTION = "--enable-prompt-tokens-details"
+SCHEDULER_OPTION = "--scheduler-cls"
+SHARED_PREFIX_SCHEDULER = "duocal_vllm.shared_prefix_scheduler.SharedPrefixScheduler"  # its module says why
 VLLM_CPU_BLOCK_SIZE = 128  # vLLM-CPU's default block size
 KV_BYTES_OPTION = "--kv-cache-memory-bytes"
 KV_SPACE_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"
@@ -216,6 +218,16 @@ def retention_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
     return [RETENTION_OPTION, "None"]
 
 
+def scheduler_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
+    """`--scheduler-cls` duocal's scheduler for a plan with streaming heads, unless given after `--`: with the chunk
+    cap, questions about one document that arrive together would each prefill it (vllm_plugin's
+    shared_prefix_scheduler.py)."""
+    streams = any(not spec.is_full for row in table for spec in row)
+    if not streams or option_value(vllm_args, SCHEDULER_OPTION) is not None:
+        return []
+    return [SCHEDULER_OPTION, SHARED_PREFIX_SCHEDULER]
+
+
 def prompt_details_args(vllm_args: tuple[str, ...]) -> list[str]:
     """`--enable-prompt-tokens-details`: each answer's usage says how many prompt tokens came from the prefix cache
     (``prompt_tokens_details.cached_tokens``), unless the user gave the switch (or its ``--no-`` form)."""
@@ -266,7 +278,7 @@ def vllm_launch(settings: VllmServe) -> Launch:
             "--middleware", OPENAI_ERRORS_MIDDLEWARE,  # the framework's {"detail"} 4xx bodies in OpenAI's shape
             "--middleware", SEEDED_SAMPLING_MIDDLEWARE,  # a 400 for what would stop vLLM-CPU's engine
             *chunk_cap_args(table, vllm_args), *block_size_args(table, vllm_args), *retention_args(table, vllm_args),
-            *prompt_details_args(vllm_args),
+            *scheduler_args(table, vllm_args), *prompt_details_args(vllm_args),
             *settings.vllm_args]  # fmt: skip
     summary = f"vLLM's OpenAI server for {settings.model} at {server_url(settings.host, port)}/v1, plan {overrides}"
     return Launch(argv, env, summary)

@@ -1,5 +1,5 @@
 """Outputs duocal writes, checked before any work: a path that cannot be written is refused in
-milliseconds, not after the model has loaded and the work has run (issue 47).
+milliseconds, not after the model has loaded and the work has run.
 
 An output may be missing, and so may folders above it (they are made); what is already there must
 be what will be written (a regular file or a link to one; a folder for a folder output), and the

@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import logging
 
-from transformers.generation.continuous_batching.continuous_api import (
+from ..planning.sizes import bytes_with_count
+from .batching_internals import (
     SCHEDULER_MAPPING,
     ContinuousBatchingManager,
     ContinuousBatchProcessor,
     FIFOScheduler,
+    RequestState,
     update_cb_config_after_cache_creation,
 )
-from transformers.generation.continuous_batching.requests import RequestState
-
-from ..planning.sizes import bytes_with_count
 from .paged_cache import DuoPagedCache
 
 logger = logging.getLogger("duocal_runtime.paged")

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from math import ceil, lcm
 
 import torch
-from transformers.generation.continuous_batching.cache import PagedAttentionCache, PagedAttentionMemoryHandler
-from transformers.generation.continuous_batching.cache_allocators.cache_pool import CachePool
 
 from ..compat import LAYER_KWARG, check_attention_is
 from ..planning.plan import Plan
 from ..planning.sizes import bytes_with_count
+from .batching_internals import CachePool, PagedAttentionCache, PagedAttentionMemoryHandler
 from .paged_attention import PagedLayerPass, PagedStep
 from .pages import BoundedSlots, FullHeadPages, slot_fields
 from .pool_size import plain_block_bytes, plain_request_bytes

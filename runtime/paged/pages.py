@@ -23,9 +23,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from transformers.generation.continuous_batching.cache_allocators import CacheAllocator
-from transformers.generation.continuous_batching.cache_allocators.cache_pool import CachePool
 
+from .batching_internals import CacheAllocator, CachePool
 from .quantized_pages import aligned, page_views, quantized_page_fields
 
 

@@ -27,7 +27,7 @@ def pool_blocks(kv_bytes: float, shape, dtype, page_size: int) -> int:
 def pool_config(page_size: int, num_blocks: int | None, max_batch_tokens: int | None = None, **engine):
     """transformers' `ContinuousBatchingConfig` for a pool of `num_blocks` (None: sized by transformers
     from free memory); `engine`: its other fields."""
-    from transformers import ContinuousBatchingConfig
+    from .batching_internals import ContinuousBatchingConfig
 
     return ContinuousBatchingConfig(
         page_size=page_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, **engine

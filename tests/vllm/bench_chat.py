@@ -108,7 +108,7 @@ def table(rows: list[dict]) -> str:
     lines = ["| config | hit rate | output tok/s | " + " | ".join(f"turn {t} TTFT p50 (s), cached" for t in turns)
              + " |", "|---" * (3 + len(turns)) + "|"]  # fmt: skip
     for r in rows:
-        cells = [f"{r['turns'][t]['ttft_p50']:.1f} ({r['turns'][t]['ttft_p50'] / stock['turns'][t]['ttft_p50']:.2f}x)"
+        cells = [f"{r['turns'][t]['ttft_p50']:.2f} ({r['turns'][t]['ttft_p50'] / stock['turns'][t]['ttft_p50']:.2f}x)"
                  f", {r['turns'][t]['cached']:.0%}" for t in turns]  # fmt: skip
         speed = f"{r['output_throughput']:.1f} ({r['output_throughput'] / stock['output_throughput']:.2f}x)"
         lines.append(f"| {r['label']} | {r['hit_rate']:.1%} | {speed} | " + " | ".join(cells) + " |")

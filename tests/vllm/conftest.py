@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from duocal.serving.vllm_launch import SHARED_PREFIX_SCHEDULER
+
 # re-exported for test files that still import them from here; new tests import helpers.vllm_engines
 from helpers.vllm_engines import (  # noqa: F401
     ENV,
@@ -54,11 +56,16 @@ def offline_engines(reference: dict, wrong_profile: Path) -> list[dict]:
         {"name": "all_full", "prompts": [*prompts, long_prompt], "enable_prefix_caching": True,
          "hf_overrides": duo_overrides(duocal_sparsity=0)},
         # the shipped profile at 0.5 with every block hashed (as duocal serve sets it): the long prompt again, and a
-        # prompt sharing its first 700 tokens, read the cache with their own sinks
-        {"name": "shipped_05_cached", "prompts": [*prompts, long_prompt, shared_prefix(prompts)],
+        # question about its first 700 tokens, read the cache with their own sinks
+        {"name": "shipped_05_cached", "prompts": [*prompts, long_prompt, questions(prompts)[0]],
          "enable_prefix_caching": True, "prefix_cache_retention_interval": None, "block_size": 64,
          "hf_overrides": duo_overrides(duocal_sparsity=0.5)},
-        {"name": "shipped_05_shared_uncached", "prompts": [shared_prefix(prompts)], "block_size": 64,
+        # four questions about that document sent together, under duocal serve's chunk cap and scheduler
+        {"name": "shipped_05_together", "prompts": questions(prompts), "together": True, "enable_prefix_caching": True,
+         "prefix_cache_retention_interval": None, "block_size": 64, "max_num_batched_tokens": 2048,
+         "long_prefill_token_threshold": 512, "scheduler_cls": SHARED_PREFIX_SCHEDULER,
+         "hf_overrides": duo_overrides(duocal_sparsity=0.5)},
+        {"name": "shipped_05_uncached", "prompts": questions(prompts), "block_size": 64,
          "hf_overrides": duo_overrides(duocal_sparsity=0.5)},
         # the plan from the environment only: every head sink_window, sink 32 + recent 128 (eviction changes answers)
         {"name": "small_sink_window", "prompts": prompts, "hf_overrides": {"architectures": ["DuoLlamaForCausalLM"]},
@@ -72,9 +79,9 @@ def offline_engines(reference: dict, wrong_profile: Path) -> list[dict]:
     ]  # fmt: skip
 
 
-def shared_prefix(prompts: list[list[int]]) -> list[int]:
-    """The long prompt's first 700 tokens, then 100 of another prompt."""
-    return prompts[2][:700] + prompts[3][:100]
+def questions(prompts: list[list[int]]) -> list[list[int]]:
+    """Four prompts sharing the long prompt's first 700 tokens (a document), each then 100 tokens of its own."""
+    return [prompts[2][:700] + prompts[3][100 * i : 100 * (i + 1)] for i in range(4)]
 
 
 @pytest.fixture(scope="session")

@@ -14,10 +14,11 @@ Engine keys: "prompts", "max_tokens" (16), "min_tokens" (0; as transformers' min
 (set in os.environ while the engine is built and runs: the plugin reads DUOCAL_* there), "model" (the run's),
 "max_model_len" (2048), "max_num_batched_tokens" (512), "enable_prefix_caching" (false),
 "prefix_cache_retention_interval" (0, vLLM's default; null: every block keeps its hash), "block_size" (vLLM's
-choice), "enforce_eager" (true: no torch.compile),
+choice), "long_prefill_token_threshold" (0), "scheduler_cls" (vLLM's), "together" (false: the prompts are sent
+one after another, so that a repeated prompt can hit the cache of an earlier one; true: all in one call, as a
+server gets requests at once), "enforce_eager" (true: no torch.compile),
 "tensor_parallel_size" (1; above 1 its ranks run as worker processes, and VLLM_CPU_OMP_THREADS_BIND must name one
 CPU list per rank, e.g. "0|1", before this process imports vLLM). float32, at most 4 sequences.
-Prompts run one after another, so that a repeated prompt can hit the cache of an earlier one.
 """
 
 import contextlib
@@ -44,6 +45,8 @@ def build(spec: dict):
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 512),
         enable_prefix_caching=spec.get("enable_prefix_caching", False),
         prefix_cache_retention_interval=spec.get("prefix_cache_retention_interval", 0),
+        long_prefill_token_threshold=spec.get("long_prefill_token_threshold", 0),
+        scheduler_cls=spec.get("scheduler_cls"),
         block_size=spec.get("block_size"),
         hf_overrides=spec.get("hf_overrides"),
     )
@@ -56,6 +59,11 @@ def generate(llm, spec: dict) -> dict:
     max_tokens, min_tokens = spec.get("max_tokens", 16), spec.get("min_tokens", 0)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, min_tokens=min_tokens)
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
+    if spec.get("together"):
+        with kernel_calls() as counted:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+        return {"tokens": [list(o.outputs[0].token_ids) for o in outs],
+                "cached": [o.num_cached_tokens for o in outs], "kernel_calls": counted}  # fmt: skip
     outs, calls = [], []
     for prompt in prompts:
         with kernel_calls() as counted:

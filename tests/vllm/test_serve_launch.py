@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from duocal.serving.vllm_launch import VllmServe, vllm_launch
+from duocal.serving.vllm_launch import SHARED_PREFIX_SCHEDULER, VllmServe, vllm_launch
 
 from helpers.vllm_engines import PROFILE, profile_of_another_model
 
@@ -87,3 +87,11 @@ def test_answers_say_how_many_prompt_tokens_came_from_the_prefix_cache(model_fol
     assert "--enable-prompt-tokens-details" in vllm_launch(VllmServe(NAME)).argv
     off = vllm_launch(VllmServe(NAME, vllm_args=("--no-enable-prompt-tokens-details",))).argv
     assert "--enable-prompt-tokens-details" not in off
+
+
+def test_a_plan_with_streaming_heads_runs_duocals_scheduler_unless_the_user_names_one(model_folder):
+    scheduler = "--scheduler-cls"
+    assert value_of(vllm_launch(VllmServe(NAME, sparsity=0.5)).argv, scheduler) == SHARED_PREFIX_SCHEDULER
+    assert value_of(vllm_launch(VllmServe(NAME, sparsity=0)).argv, scheduler) is None  # all full: vLLM's own
+    mine = vllm_launch(VllmServe(NAME, sparsity=0.5, vllm_args=("--scheduler-cls", "my.Scheduler"))).argv
+    assert mine.count(scheduler) == 1 and mine[-1] == "my.Scheduler"
