@@ -30,7 +30,6 @@ _EXPORTS = {  # public name -> the module that defines it
         "Plan",
         "plan",
         "plan_from_bounded_set",
-        "plan_from_streaming_set",
         "uniform_plan",
         "with_kv_bits",
     ),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from numbers import Integral, Real
 from typing import Any
 
@@ -48,22 +47,3 @@ def require_reference(name: str, value: Any) -> None:
         )
     if not value.strip():
         raise ValueError(f"{name} is empty: give a profile file, a pattern folder, a prebuilt name or a URL")
-
-
-def warn_renamed(old: str, new: str) -> None:
-    """A deprecated spelling was used: a `DeprecationWarning` naming the new one, at the user's line
-    (the caller of the shim that calls this)."""
-    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=3)
-
-
-def renamed_keyword(owner: str, new: str, value: Any, old: str, old_value: Any) -> Any:
-    """The value of keyword `new` of `owner`, which was called `old` before (that spelling warns);
-    refuses both, and neither."""
-    if old_value is None:
-        if value is None:
-            raise TypeError(f"{owner}() needs {new}")
-        return value
-    if value is not None:
-        raise TypeError(f"{owner}(): give {new} only ({old} is its deprecated name), not both")
-    warnings.warn(f"{owner}({old}=...) is deprecated: use {owner}({new}=...)", DeprecationWarning, stacklevel=3)
-    return old_value

@@ -289,8 +289,7 @@ def glossary_sources() -> list[Path]:
 
 def test_no_retired_word_comes_back():
     """Every source file of the three packages, the tests and the recipes, the C kernels, the docs, the Makefile
-    and the configuration. The deprecation shims keep old spellings that are not retired words (`budget`,
-    `window`, `num_streaming`, `--windows`, `DuoCapacityLog`, `bench.pool_capacity`), so they pass."""
+    and the configuration."""
     sources = [*glossary_sources(), *(REPO / "runtime").rglob("*.[ch]"), *text_files()]
     assert len(text_files()) > 30, "the docs and configuration were not found"
     problems = [f"{path.relative_to(REPO)}: {p}" for path in sources for p in retired_spellings(path.read_text())]

@@ -1,7 +1,7 @@
 """The docs outside the site build: README's and the changelog's links lead to files that exist, every
 repository path that a page, a docstring, a comment, pyproject.toml or the Makefile names exists, README keeps its
-shape and its numbers agree with the benchmark pages, user pages tell no history and teach no deprecated option,
-and the docs' figures redraw from their saved rows (`make figures`). `make docs` checks the site itself."""
+shape and its numbers agree with the benchmark pages, user pages tell no history, and the docs' figures redraw
+from their saved rows (`make figures`). `make docs` checks the site itself."""
 
 import ast
 import io
@@ -178,37 +178,6 @@ def test_user_pages_tell_what_the_product_does_not_the_history_of_the_work():
     assert not found, "say what the product does and how to check it, not when or under which load:\n" + "\n".join(
         found
     )
-
-
-def deprecated_options() -> set[str]:
-    """The command line's old option names (hidden, "Old name of --new") that no command still uses as a name."""
-    import typer.main
-
-    from duocal.cli import app
-
-    def params(command):
-        yield from command.params
-        for sub in getattr(command, "commands", {}).values():
-            yield from params(sub)
-
-    every = list(params(typer.main.get_command(app)))
-    old = {o for p in every if p.hidden and (p.help or "").startswith("Old name of") for o in p.opts}
-    return old - {o for p in every if not p.hidden for o in p.opts}
-
-
-def test_docs_and_the_makefile_use_no_deprecated_option():
-    """A deprecated spelling still works (with a warning) but the docs and the build teach the new one."""
-    old = deprecated_options()
-    assert "--windows" in old and "--policies" not in old  # `profiles show --policies` is a current option
-    teaching = [p for p in markdown_pages() if p.name not in ("CHANGELOG.md", "changelog.md", "glossary.md")]
-    teaching += [REPO / name for name in ("Makefile", "pyproject.toml", "mkdocs.yml", ".ci/run")]
-    found = [
-        f"{path.relative_to(REPO)}: {option}"
-        for path in teaching
-        for option in sorted(old)
-        if re.search(re.escape(option) + r"(?![\w-])", path.read_text())
-    ]
-    assert not found, "say the current option (duocal COMMAND --help):\n" + "\n".join(found)
 
 
 def test_make_test_builds_the_docs_strictly():

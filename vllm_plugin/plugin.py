@@ -13,8 +13,6 @@ rank under tensor parallelism: the space is per rank) in the configured space, t
 
 from __future__ import annotations
 
-import warnings
-
 from vllm.logger import init_logger
 from vllm.v1.metrics.loggers import StatLoggerBase
 
@@ -88,16 +86,3 @@ class DuoKVTokensLog(StatLoggerBase):
         line = kv_tokens_line(self.vllm_config)
         if line is not None:
             logger.info(line)
-
-
-def __getattr__(name: str):
-    """`DuoCapacityLog`: the stat logger's name before the glossary's "KV tokens" (an environment installed then
-    still names it in its entry point); it warns and is `DuoKVTokensLog`."""
-    if name == "DuoCapacityLog":
-        warnings.warn(
-            "duocal_vllm.plugin.DuoCapacityLog is deprecated: use duocal_vllm.plugin.DuoKVTokensLog",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return DuoKVTokensLog
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

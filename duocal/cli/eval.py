@@ -18,7 +18,6 @@ from .options import (
     KvBitsOpt,
     MixPoliciesOpt,
     ModelOpt,
-    PoliciesOpt,
     ProfileOpt,
     RandomSeedsOpt,
     RecentOpt,
@@ -27,7 +26,6 @@ from .options import (
     SparsityOpt,
     chosen_rows,
     json_only_stdout,
-    renamed_option,
     split,
 )
 from .user_errors import user_errors
@@ -57,7 +55,6 @@ def passkey(
         typer.Option(help="Fractions of KV heads made bounded (duo, h2o, random, mix; default: the profile's, 0.5)."),
     ] = None,
     rows: RowsOpt = None,
-    policies: PoliciesOpt = None,
     contexts: Annotated[
         str | None, typer.Option(help="Context lengths in tokens (default: 2048; the demo model 512,1024).")
     ] = None,
@@ -159,7 +156,7 @@ def passkey(
             raise ValueError("the chat format hides one key per prompt: leave --passkeys out")
         passkeys = quick.passkeys if passkeys is None else passkeys
         config = PasskeyEvalConfig(
-            rows=chosen_rows(rows, policies, loaded is not None),
+            rows=chosen_rows(rows, loaded is not None),
             sparsities=tuple(split(default_sparsity(loaded) if sparsity is None else sparsity, float, "sparsity")),
             contexts=tuple(
                 split(default_contexts(quick, ref.load_config()) if contexts is None else contexts, int, "contexts")
@@ -234,12 +231,8 @@ def ppl(
     text_windows: Annotated[
         int | None, typer.Option(help="Most text windows of CONTEXT tokens taken from the text (default: 4).")
     ] = None,
-    old_text_windows: Annotated[
-        int | None, typer.Option("--windows", hidden=True, help="Old name of --text-windows (deprecated).")
-    ] = None,
     sparsity: SparsityOpt = "0.5",
     rows: RowsOpt = None,
-    policies: PoliciesOpt = None,
     sink: SinkOpt = None,
     recent: RecentOpt = None,
     random_seeds: RandomSeedsOpt = 3,
@@ -266,14 +259,13 @@ def ppl(
 
     with user_errors(), json_only_stdout(as_json):
         ref, loaded = model_and_profile(model, profile)
-        chosen_text_windows = renamed_option("text-windows", text_windows, "windows", old_text_windows)
         config = PerplexityConfig(
-            rows=chosen_rows(rows, policies, loaded is not None),
+            rows=chosen_rows(rows, loaded is not None),
             sparsities=tuple(split(sparsity, float, "sparsity")),
             context=context,
             scored=scored,
             chunk=chunk,
-            text_windows=4 if chosen_text_windows is None else chosen_text_windows,
+            text_windows=4 if text_windows is None else text_windows,
             sink=sink,
             recent=recent,
             random_seeds=random_seeds,

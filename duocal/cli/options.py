@@ -1,4 +1,4 @@
-"""Option types shared by the commands, and the parsing they share (lists, rows, deprecated spellings)."""
+"""Option types shared by the commands, and the parsing they share (lists, rows)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ MixPoliciesOpt = Annotated[
     str,
     typer.Option(help="What the mix row chooses among per head, by the profile's measurements (full and others)."),
 ]
-PoliciesOpt = Annotated[str | None, typer.Option(hidden=True, help="Old name of --rows (deprecated).")]
 SinkOpt = Annotated[int | None, typer.Option(help="Sink tokens of sink-window heads (default: the profile's).")]
 RecentOpt = Annotated[int | None, typer.Option(help="Recent tokens of sink-window heads (default: the profile's).")]
 KvBitsOpt = Annotated[
@@ -67,21 +66,10 @@ def split(text: str, cast, what: str) -> list:
     return items
 
 
-def renamed_option(new: str, value, old: str, old_value, what: str = ""):
-    """The value of `--new`, or of `--old`, its deprecated name (with a warning); both is an error."""
-    if value is not None and old_value is not None:
-        raise ValueError(f"give --{new} only (--{old} is its old name)")
-    if old_value is None:
-        return value
-    typer.echo(f"warning: --{old} is deprecated{what}; use --{new}", err=True)
-    return old_value
-
-
-def chosen_rows(rows: str | None, policies: str | None, has_profile: bool) -> tuple[str, ...]:
-    """The rows named by --rows (or the deprecated --policies, with a warning), else the defaults."""
+def chosen_rows(rows: str | None, has_profile: bool) -> tuple[str, ...]:
+    """The rows named by --rows, else the defaults."""
     from duocal.eval.row_kinds import default_rows
 
-    rows = renamed_option("rows", rows, "policies", policies, " for evaluation rows")
     return tuple(split(rows, str, "rows")) if rows is not None else default_rows(has_profile)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..checks import require_count, require_instance, warn_renamed
+from ..checks import require_count, require_instance
 from ..errors import PlanError
 from ..policies import Full, HeadPolicy, policy_from_dict
 from ..profile.format import Profile
@@ -68,12 +68,6 @@ class Plan:
     @property
     def num_bounded(self) -> int:
         return sum(p.bounded for row in self.policies for p in row)
-
-    @property
-    def num_streaming(self) -> int:
-        """Deprecated name of `num_bounded` (it counts every bounded head, not only sink windows)."""
-        warn_renamed("Plan.num_streaming", "Plan.num_bounded")
-        return self.num_bounded
 
     @property
     def sparsity(self) -> float:
@@ -161,12 +155,6 @@ class Plan:
         name = model.pop("name_or_path", None)
         table = [[policy_from_dict(p) for p in row] for row in data["policies"]]
         return cls(ModelShape(**model), table, name, budget_dtype=data.get("budget_dtype"))
-
-
-def plan_from_streaming_set(*args, **kwargs) -> Plan:
-    """Deprecated name of `plan_from_bounded_set` (kept for one release)."""
-    warn_renamed("plan_from_streaming_set", "plan_from_bounded_set")
-    return plan_from_bounded_set(*args, **kwargs)
 
 
 def uniform_plan(shape: ModelShape, policy: HeadPolicy, model_name: str | None = None) -> Plan:

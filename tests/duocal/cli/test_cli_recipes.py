@@ -1,4 +1,4 @@
-"""`duocal recipes list | copy` and the deprecated spellings the CLI keeps for one release."""
+"""`duocal recipes list | copy`."""
 
 import json
 
@@ -36,18 +36,6 @@ def test_copy_writes_the_recipe_and_its_deepspeed_config_and_refuses_to_overwrit
     assert forced.exit_code == 0 and recipe.read_text() != "# edited\n"
     unknown = runner.invoke(app, ["recipes", "copy", "calibrate_nope", str(tmp_path)])
     assert unknown.exit_code == 1 and "no shipped recipe 'calibrate_nope'" in unknown.stderr
-
-
-def test_the_old_eval_options_of_rows_and_text_windows_still_work_with_a_warning():
-    result = runner.invoke(app, ["eval", "ppl", "--policies", "full", "--context", "256", "--windows", "1", "--json"])
-    assert result.exit_code == 0, result.output
-    assert "--policies is deprecated for evaluation rows; use --rows" in result.stderr
-    assert "--windows is deprecated; use --text-windows" in result.stderr
-    assert [(r["row"], r["tokens_scored"]) for r in json.loads(result.stdout)] == [("full", 128)]  # one text window
-    both = runner.invoke(app, ["eval", "ppl", "--policies", "full", "--rows", "full"])
-    assert both.exit_code == 1 and "give --rows only" in both.stderr
-    both = runner.invoke(app, ["eval", "ppl", "--windows", "1", "--text-windows", "1"])
-    assert both.exit_code == 1 and "give --text-windows only (--windows is its old name)" in both.stderr
 
 
 def test_list_reads_whole_at_80_columns_in_a_pipe():

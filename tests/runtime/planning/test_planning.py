@@ -155,16 +155,6 @@ def test_property_exact_count_and_nested_selections(scores, sparsity):
     assert (full_mask(bigger) <= full_mask(plan)).all()  # more sparsity only ever adds streaming heads
 
 
-def test_old_streaming_names_still_work_with_a_deprecation_warning():
-    profile = random_profile(layers=2, kv_heads=2, heads=4)
-    plan = dr.plan(profile, sparsity=0.5)
-    with pytest.warns(DeprecationWarning, match="num_bounded"):
-        assert plan.num_streaming == plan.num_bounded == 2
-    with pytest.warns(DeprecationWarning, match="plan_from_bounded_set"):
-        old = dr.plan_from_streaming_set(plan.shape, {0, 3}, dr.SinkWindow())
-    assert old == dr.plan_from_bounded_set(plan.shape, {0, 3}, dr.SinkWindow())
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_byte_budget_means_the_bytes_the_applied_cache_holds(dtype):
     """SmolLM2 in fp32 filled ~120 MiB for a 60 MiB plan made in bf16: the plan's dtype must be the model's."""
