@@ -237,7 +237,7 @@ LAYERS = [
     {"duocal.reports", "duocal.data"},
     {"duocal.models"},
     {"duocal.calibrate", "duocal.eval"},
-    {"duocal.profiling", "duocal.demo", "duocal.serving", "duocal.tuning"},
+    {"duocal.profiling", "duocal.demo", "duocal.serving", "duocal.tuning", "duocal.chat"},
     {"duocal.cli"},
     {"duocal.__main__"},
 ]

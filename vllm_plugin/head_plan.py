@@ -89,11 +89,12 @@ def make_plan(config: Any, settings: dict[str, str], dtype: Any = "bfloat16"):
         profile = load_profile(settings["profile"], offline=True)
         profile.check_compatible(config)
         numbers = {k: int(settings[k]) for k in ("sink", "recent") if k in settings}
+        numbers["positions"] = "original"  # vLLM gives every key its place: its prefix cache relies on it
         sparsity = float(settings["sparsity"]) if "sparsity" in settings else None
         if sparsity is not None and "budget" in settings:
             raise DuoVllmError("give duocal_sparsity or duocal_budget, not both")
         if sparsity == 0:
-            return plan(profile, sparsity=0.0)
+            return plan(profile, sparsity=0.0, positions="original")
         tensor_parallel = int(settings.get("tensor_parallel", 1))
         if tensor_parallel > 1:
             if "budget" in settings:
@@ -117,8 +118,10 @@ def head_table(plan, block_size: int) -> list[list[HeadSpec]]:
         for head, policy in enumerate(row):
             if policy.name == "full" and getattr(policy, "kv_bits", 16) == 16:
                 specs.append(HeadSpec(head))
-            elif policy.name == "sink_window":
+            elif policy.name == "sink_window" and not policy.cache_positions:
                 specs.append(HeadSpec(head, policy.sink, policy.recent))
+            elif policy.name == "sink_window":
+                refused.append(f"layer {layer} head {head} (sink_window with positions within its cache)")
             else:
                 refused.append(f"layer {layer} head {head} ({policy.name})")
         table.append(specs)
@@ -127,7 +130,8 @@ def head_table(plan, block_size: int) -> list[list[HeadSpec]]:
         raise DuoVllmError(
             f"duocal on vLLM runs only full and sink_window heads; this plan has {len(refused)} other heads: "
             f"{shown}. H2O-family heads need attention scores that vLLM's kernels do not return: plan with "
-            "policy='sink_window' (DUOCAL_POLICY=sink_window)"
+            "policy='sink_window' (DUOCAL_POLICY=sink_window). Sink windows keep their original positions on vLLM "
+            "(its prefix cache relies on a key depending only on the tokens before it): plan with positions='original'"
         )
     del block_size
     return table

@@ -2,8 +2,9 @@
 
 import typer
 
-from . import eval_ruler, profiles_remote  # noqa: F401  their decorators add `eval ruler`, `profiles list | pull | push`
+from . import eval_ruler, eval_stream, profiles_remote  # noqa: F401  their decorators add `eval ruler | stream`, `profiles list | pull | push`
 from .calibrate import CALIBRATE_EPILOG, calibrate_command
+from .chat import CHAT_EPILOG, chat_command
 from .eval import eval_app
 from .models import models_app
 from .profiler import PROFILER_EPILOG, profiler_command
@@ -29,10 +30,12 @@ SHORT_HELP = {
     "profile": "Measure every KV head from the model's own attention and write a profile.",
     "tune": "Choose the largest sparsity whose quality holds on your data; record it in the profile.",
     "serve": "Serve MODEL with a plan behind an OpenAI-compatible API (duocal's server or vLLM's).",
+    "chat": "Chat with MODEL in the terminal through one KV cache kept across turns (--streaming: no end).",
 }
 app.command("calibrate", epilog=CALIBRATE_EPILOG, short_help=SHORT_HELP["calibrate"])(calibrate_command)
 app.command("profile", epilog=PROFILER_EPILOG, short_help=SHORT_HELP["profile"])(profiler_command)
 app.command("tune", epilog=TUNE_EPILOG, short_help=SHORT_HELP["tune"])(tune_command)
+app.command("chat", epilog=CHAT_EPILOG, short_help=SHORT_HELP["chat"])(chat_command)
 app.command("serve", epilog=SERVE_EPILOG, short_help=SHORT_HELP["serve"], context_settings={"allow_extra_args": True})(
     serve_command
 )

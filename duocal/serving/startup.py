@@ -108,7 +108,8 @@ def prepare_server(settings: ServeSettings):
     context = getattr(config, "max_position_embeddings", 4096)
     dtype = saved_dtype(config)  # the plan and the pool are made for the dtype the weights load in
     when = {"context": context if s.budget else None, "dtype": dtype, "kv_bits": s.kv_bits}
-    plan = dr.plan(loaded, sparsity=s.sparsity, budget=s.budget, **when)
+    # transformers' continuous batching gives the model each token's place: sink windows keep original positions
+    plan = dr.plan(loaded, sparsity=s.sparsity, budget=s.budget, positions="original", **when)
     page_size = s.page_size or page_size_for(plan)
     for policy in quantized_policies(plan):
         check_page_holds_groups(policy, page_size)

@@ -10,15 +10,20 @@ from pathlib import Path
 from .atomic import KINDS
 
 
-def check_regular(path: str | os.PathLike, what: str) -> Path:
-    """`path` if it is a regular file (or a link to one), else ValueError naming `what` and the path."""
-    path = Path(path)
+def file_mode(path: Path, what: str) -> int:
+    """`path`'s mode (following links), or ValueError naming `what`: it does not exist, or cannot be read."""
     try:
-        mode = path.stat().st_mode
+        return path.stat().st_mode
     except FileNotFoundError:
         raise ValueError(f"{what} {path} does not exist") from None
     except OSError as err:
         raise ValueError(f"cannot read {what} {path}: {err.strerror or err}") from None
+
+
+def check_regular(path: str | os.PathLike, what: str) -> Path:
+    """`path` if it is a regular file (or a link to one), else ValueError naming `what` and the path."""
+    path = Path(path)
+    mode = file_mode(path, what)
     if stat.S_ISDIR(mode):
         raise ValueError(f"{what} {path} is a folder; give a file")
     for test, kind in KINDS.items():

@@ -12,6 +12,7 @@ import weakref
 from typing import Any
 
 from .. import compat
+from ..attention.rotation import rotation_of
 from ..checks import require_count, require_instance
 from ..errors import PlanError
 from ..planning.budget import dtype_bytes
@@ -28,6 +29,10 @@ class Runtime:
 
     def __init__(self, model, plan: Plan, prefill_chunk_size: int | None = None):
         self.model, self.plan, self.prefill_chunk_size = model, plan, prefill_chunk_size
+        # heads that see positions within their cache rotate by the model's RoPE (hf/stream_positions.py)
+        self.rotation = rotation_of(model, plan.shape.head_dim) if plan.cache_positions else None
+        self.position_limit = trained_positions(model.config)
+        self.plan_capacity = max(p.capacity or 0 for row in plan.policies for p in row)
         self.name = f"duocal_{id(self):x}"
         self.active = False
         self.suspended = False  # displaced by a runtime applied inside its `with` block; back when that one ends
@@ -86,6 +91,11 @@ class Runtime:
 
         if not self.active:
             raise RuntimeError("this duocal runtime was removed; apply the plan again to batch with it")
+        if self.plan.cache_positions:
+            raise PlanError(
+                "transformers' continuous batching gives the model its own positions, but this plan's heads see "
+                "positions within their cache: generate with model.generate() (batches and left padding work there)"
+            )
         cached = getattr(self.model, "_cached_continuous_batching_manager", None)
         if isinstance(cached, DuoBatchingManager) and cached.runtime is self:
             return cached
@@ -184,6 +194,14 @@ def _weak_attention(runtime: Runtime):
         return live._attention(module, *args, **kwargs)
 
     return attention
+
+
+DEFAULT_TRAINED_POSITIONS = 4096  # for a config that names no max_position_embeddings
+
+
+def trained_positions(config) -> int:
+    """The positions the model was trained on (config.max_position_embeddings)."""
+    return int(getattr(config, "max_position_embeddings", None) or DEFAULT_TRAINED_POSITIONS)
 
 
 def check_budget_dtype(plan: Plan, model) -> None:

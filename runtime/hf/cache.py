@@ -50,6 +50,7 @@ class DuoCacheLayer(CacheLayerMixin):
         self.num_kv = plan.shape.num_key_value_heads
         self.seen = 0
         self.real: torch.Tensor | None = None  # [B] real (unpadded) tokens seen per row
+        self.position_base: torch.Tensor | None = None  # [B] the model is given ranks less this (stream_positions.py)
         self._indices = [self._head_indices(g.kv_heads) for g in self.groups]
 
     def _head_indices(self, kv_heads: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -91,7 +92,7 @@ class DuoCacheLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.groups = [g.policy.make_group(g.kv_heads, g.rep, self.max_length) for g in self.groups]
-        self.seen, self.real = 0, None
+        self.seen, self.real, self.position_base = 0, None, None
 
     def crop(self, max_length: int) -> None:
         raise NotImplementedError(
@@ -107,6 +108,7 @@ class DuoCacheLayer(CacheLayerMixin):
             group.select_batch(indices)
         if self.real is not None:
             self.real = self.real.index_select(0, indices.to(self.real.device))
+            self.position_base = self.position_base.index_select(0, indices.to(self.real.device))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.real is not None:
@@ -127,13 +129,24 @@ class DuoCacheLayer(CacheLayerMixin):
         check_batch(self.real, q.shape[0])
         if self.real is None:
             self.real = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
+            self.position_base = torch.zeros_like(self.real)
         t = q.shape[2]
         seen_mask = None if pad_mask is None else pad_mask[:, : self.seen + t]
-        step = Step.make(self.seen, self.real, t, seen_mask, scaling)
+        step = Step.make(self.seen, self.real, t, seen_mask, scaling, **self._positions())
         out = self._each_group(q, k, v, lambda group: group.attend, step)
         self.seen += t
         self.real = step.real_after
         return out
+
+    def _positions(self) -> dict:
+        """What heads that see positions within their cache need to know of the stream (Step's fields)."""
+        return {"position_base": self.position_base, "rotation": getattr(self.owner, "rotation", None)}
+
+    def shift_positions(self, delta: torch.Tensor) -> None:
+        """Give the model positions `delta` [B] lower from now on: every group's keys move with them."""
+        for group in self.groups:
+            group.shift_positions(delta, self.owner.rotation)
+        self.position_base.add_(delta)
 
     def store_prefix(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Take a new sequence's first tokens from full attention: keys and values [B, Hkv, T, D] (RoPE
@@ -148,6 +161,7 @@ class DuoCacheLayer(CacheLayerMixin):
             else:
                 group.store(k[:, indices[0]], v[:, indices[0]], step)
         self.seen, self.real = k.shape[2], step.real_after
+        self.position_base = torch.zeros_like(self.real)
 
     def _each_group(self, q, k, v, method, step):
         """Run `method(group)(q, k, v, step)` for every group on its own heads; one output [B, H, T, D]."""
@@ -210,11 +224,12 @@ class StaticDuoCacheLayer(DuoCacheLayer):
         if self.real is None:
             self.seen = mark_static(self.seen.to(q.device))
             self.real = mark_static(torch.zeros(q.shape[0], dtype=torch.long, device=q.device))
+            self.position_base = mark_static(torch.zeros_like(self.real))
         elif q.shape[2] == 1:
             return self._decode(q, k, v, pad_mask, scaling)
         t, seen = q.shape[2], int(self.seen)
         check_room(seen + t, self.max_length)
-        step = Step.make(seen, self.real, t, pad_mask, scaling)
+        step = Step.make(seen, self.real, t, pad_mask, scaling, **self._positions())
         out = self._each_group(q, k, v, lambda group: group.attend, step)
         self._advance(t, step.real_after)
         return out
@@ -227,7 +242,7 @@ class StaticDuoCacheLayer(DuoCacheLayer):
             )
         else:
             check_room(int(self.seen) + 1, self.max_length)
-        step = DecodeStep.make(self.seen, self.real, pad_mask, scaling)
+        step = DecodeStep.make(self.seen, self.real, pad_mask, scaling, **self._positions())
         out = self._each_group(q, k, v, lambda group: group.decode, step)
         self._advance(1, step.real_after)
         return out

@@ -16,6 +16,8 @@ import copy
 import functools
 from typing import Any
 
+from .stream_positions import place_positions
+
 STATIC = ("static",)
 DYNAMIC = (None, "dynamic")
 
@@ -120,18 +122,27 @@ def generate_continuing(generate, cache, args: tuple, kwargs: dict):
 
 
 def forward_with(runtime, forward):
-    """`forward` (the model's bound method) giving a call that would make a cache one of `runtime`'s."""
+    """`forward` (the model's bound method) giving a call that would make a cache one of `runtime`'s, and
+    the positions a plan with cache positions needs (stream_positions.py)."""
 
     @functools.wraps(forward)
     def forward_under_plan(*args, **kwargs):
         kwargs = without_empty_cache(kwargs)
-        if not runtime.active or given_cache(kwargs) is not None:
+        if not runtime.active:
             return forward(*args, **kwargs)
-        use_cache = kwargs.get("use_cache")
-        if use_cache is None:
-            use_cache = getattr(runtime.model.config, "use_cache", False)
-        if not use_cache or len(args) > 2:  # positional caches are passed through as they are
-            return forward(*args, **kwargs)
-        return forward(*args, cache=runtime.new_cache(), **kwargs)
+        cache = given_cache(kwargs)
+        if cache is None and wants_cache(runtime, args, kwargs):
+            cache = kwargs["cache"] = runtime.new_cache()
+        if runtime.plan.cache_positions:
+            kwargs = place_positions(runtime, cache, args, kwargs)
+        return forward(*args, **kwargs)
 
     return forward_under_plan
+
+
+def wants_cache(runtime, args: tuple, kwargs: dict) -> bool:
+    """A call that would make a cache of transformers' own (use_cache, none given)."""
+    use_cache = kwargs.get("use_cache")
+    if use_cache is None:
+        use_cache = getattr(runtime.model.config, "use_cache", False)
+    return bool(use_cache) and len(args) <= 2  # positional caches are passed through as they are

@@ -90,6 +90,17 @@ class Plan:
         policy that evicts after each pass (H2O, SnapKV)."""
         return any(p.chunking_changes_result for row in self.policies for p in row)
 
+    @property
+    def cache_positions(self) -> bool:
+        """Whether any head sees positions within its cache (StreamingLLM's rule, `SinkWindow(positions="cache")`)."""
+        return any(p.cache_positions for row in self.policies for p in row)
+
+    @property
+    def distances_bounded(self) -> bool:
+        """Whether no head ever sees a distance beyond what it keeps (every head sees positions within its
+        cache): the plan streams past the model's trained length, at constant memory."""
+        return all(p.cache_positions for row in self.policies for p in row)
+
     def layer_groups(self, layer: int) -> list[tuple[HeadPolicy, list[int]]]:
         """The layer's KV heads grouped by identical policy, in order of first appearance."""
         groups: dict[HeadPolicy, list[int]] = {}
@@ -209,6 +220,7 @@ def plan(
     sink: int | None = None,
     recent: int | None = None,
     heavy: int | None = None,
+    positions: str | None = None,
     batch: int = 1,
     dtype: Any = "bfloat16",
     kv_bits: int = 16,
@@ -229,7 +241,11 @@ def plan(
 
     `kv_bits` (16, 8 or 4): how full heads store keys and values, KIVI codes below 16 with a scale
     and zero point per `kv_group` tokens (keys) or channels (values; default gcd(32, head_dim));
-    budgets count their bytes (codes, scales, zero points, the 128-token full-precision residual)."""
+    budgets count their bytes (codes, scales, zero points, the 128-token full-precision residual).
+
+    `positions` ("original" or "cache"; default: the profile's) is what every sink-window head sees:
+    each key at its place in the sequence (DuoAttention), or within the cache (StreamingLLM: no
+    distance beyond sink + recent; a plan of such heads only streams past the trained length)."""
     require_instance("profile", profile, Profile, "a Profile (load one with dr.load_profile(path_or_name))")
     check_head_choice(sparsity=sparsity, threshold=threshold, budget=budget)
     if context is not None:
@@ -244,9 +260,11 @@ def plan(
             raise PlanError(
                 "policies=... chooses a policy per head under a budget: pass budget= and context=, and not policy="
             )
-        sized = mix_policies(d, policies, full, group, sink=sink, recent=recent, heavy=heavy)
+        sized = mix_policies(d, policies, full, group, sink=sink, recent=recent, heavy=heavy, positions=positions)
+        check_positions_taken(sized, positions)
         return _mixed_plan(profile, sized, Budget.parse(budget), context, batch, dtype)
-    bounded_policy = d.sized(policy or d.policy, sink=sink, recent=recent, heavy=heavy)
+    bounded_policy = d.sized(policy or d.policy, sink=sink, recent=recent, heavy=heavy, positions=positions)
+    check_positions_taken([bounded_policy], positions)
     if not bounded_policy.bounded:
         raise PlanError("the policy for bounded heads cannot be 'full'; use sparsity=0 for an all-full plan")
     flat = profile.flat_scores()
@@ -259,6 +277,16 @@ def plan(
         bounded = bounded_heads_for_sparsity(flat, chosen, tie_losses(profile, bounded_policy))
     made = plan_from_bounded_set(profile.shape, bounded, bounded_policy, profile.model.name_or_path, full)
     return replace(made, budget_dtype=budget_dtype_of(budget, dtype))
+
+
+def check_positions_taken(policies: Sequence[HeadPolicy], positions: str | None) -> None:
+    """positions='cache' is a sink-window rule: refused where no bounded policy of the plan takes it."""
+    if positions == "cache" and not any(p.cache_positions for p in policies):
+        names = ", ".join(p.name for p in policies if p.bounded)
+        raise PlanError(
+            f"positions='cache' is for sink_window heads; {names} heads keep their original positions (heavy "
+            "hitters can come from anywhere in the sequence, so no window bounds the distances they see)"
+        )
 
 
 def _mixed_plan(profile: Profile, policies: list[HeadPolicy], budget: Budget, context, batch, dtype) -> Plan:

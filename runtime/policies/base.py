@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, fields
+from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
 
 from ..attention.ranks import ranks_of_new_tokens
+from ..attention.rotation import Rotation
 from ..errors import PlanError
 from ..quant.codes import plain_bytes
 
@@ -27,6 +28,17 @@ def register_policy(cls: type[HeadPolicy]) -> type[HeadPolicy]:
     """Class decorator: make a policy known by its `name` (plans, profiles, `make_policy`)."""
     POLICIES[cls.name] = cls
     return cls
+
+
+def option(default: str) -> Field:
+    """A policy field that is a choice, not a size (e.g. `SinkWindow.positions`): not counted in `capacity`,
+    checked by the policy itself, and stored by `sizes()` only where it differs from its default."""
+    return field(default=default, metadata={"option": True})
+
+
+def size_fields(policy) -> list[Field]:
+    """A policy's (or policy class's) fields that are token counts."""
+    return [f for f in fields(policy) if not f.metadata.get("option")]
 
 
 def bounded_policy_names() -> tuple[str, ...]:
@@ -61,9 +73,9 @@ class HeadPolicy(ABC):
     """Base of every policy. Subclasses are frozen dataclasses whose fields are its sizes (token counts).
 
     A policy owns its rule: `keeps` says which slots a head holds, and the groups it builds
-    (`make_group`), the static groups and the profiler all ask it. Its fields are its sizes
-    everywhere (plans, profiles' deploy defaults, measurements): a new policy or size field needs no
-    edit elsewhere.
+    (`make_group`), the static groups and the profiler all ask it. Its fields are its sizes (and its
+    choices, declared with `option`) everywhere (plans, profiles' deploy defaults, measurements): a new
+    policy or size field needs no edit elsewhere.
     """
 
     name: ClassVar[str]
@@ -71,7 +83,7 @@ class HeadPolicy(ABC):
     chunking_changes_result: ClassVar[bool] = False  # True when a prompt cut into chunks keeps other tokens
 
     def __post_init__(self):
-        for f in fields(self):
+        for f in size_fields(self):
             value = getattr(self, f.name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise PlanError(f"{self.name}: {f.name} must be a positive integer number of tokens, got {value!r}")
@@ -79,7 +91,7 @@ class HeadPolicy(ABC):
     @property
     def capacity(self) -> int | None:
         """Most tokens one head keeps (None: unbounded)."""
-        return sum(getattr(self, f.name) for f in fields(self)) if self.bounded else None
+        return sum(getattr(self, f.name) for f in size_fields(self)) if self.bounded else None
 
     @property
     def label(self) -> str:
@@ -104,9 +116,20 @@ class HeadPolicy(ABC):
     def check_head_dim(self, head_dim: int) -> None:  # noqa: B027 (an optional hook: most policies store any width)
         """Raise `PlanError` if the policy cannot store heads of `head_dim` channels (all can, by default)."""
 
+    @property
+    def cache_positions(self) -> bool:
+        """Whether heads of this policy see positions within their cache (no distance beyond `capacity`)."""
+        return False
+
     def sizes(self) -> dict[str, int]:
-        """The policy's size fields by name (what profiles and plans store)."""
-        return asdict(self)
+        """The policy's size fields by name, and its options that differ from their defaults (what profiles and
+        plans store)."""
+        return {
+            name: value
+            for name, value in asdict(self).items()
+            if not self.__dataclass_fields__[name].metadata.get("option")
+            or value != self.__dataclass_fields__[name].default
+        }
 
     def to_dict(self) -> dict:
         return {"policy": self.name, **self.sizes()}
@@ -197,6 +220,11 @@ class HeadGroup(ABC):
             "take a prefix from full attention's cache"
         )
 
+    def shift_positions(self, delta: torch.Tensor, rotation: Rotation) -> None:
+        """The stream's position base moved up by delta [B] (hf/stream_positions.py): only heads that see
+        positions within their cache are in such a stream."""
+        raise NotImplementedError(f"{self.policy.label!r} heads keep their original positions: they cannot move")
+
     def decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: DecodeStep) -> torch.Tensor:
         """One new token per row of a static cache: q [B, G*R, 1, D], k/v [B, G, 1, D] -> [B, G*R, 1, D]."""
         raise NotImplementedError(
@@ -224,20 +252,24 @@ class Step:
     real_after: torch.Tensor  # [B] long: real tokens seen once this pass is stored
     pad_mask: torch.Tensor | None
     scaling: float
+    position_base: torch.Tensor | None = None  # [B]: the model was given each token's rank less this
+    rotation: Rotation | None = None  # the model's RoPE, for heads that see positions within their cache
 
     @property
     def all_valid(self) -> bool:
         return self.pad_mask is None or bool(self.new_valid.all())
 
     @classmethod
-    def make(cls, seen_before: int, real_before: torch.Tensor, num_new: int, pad_mask, scaling: float) -> Step:
+    def make(
+        cls, seen_before: int, real_before: torch.Tensor, num_new: int, pad_mask, scaling: float, **positions
+    ) -> Step:
         batch = real_before.shape[0]
         if pad_mask is None:
             valid = torch.ones(batch, num_new, dtype=torch.bool, device=real_before.device)
         else:
             valid = pad_mask[:, seen_before : seen_before + num_new]
         ranks = ranks_of_new_tokens(valid, real_before)
-        return cls(seen_before, valid, ranks, real_before + valid.sum(1), pad_mask, scaling)
+        return cls(seen_before, valid, ranks, real_before + valid.sum(1), pad_mask, scaling, **positions)
 
 
 @dataclass(frozen=True)
@@ -255,15 +287,19 @@ class DecodeStep:
     real_after: torch.Tensor  # [B] long
     pad_mask: torch.Tensor | None
     scaling: float
+    position_base: torch.Tensor | None = None  # as in `Step`
+    rotation: Rotation | None = None
 
     @classmethod
-    def make(cls, position: torch.Tensor, real_before: torch.Tensor, pad_mask, scaling: float) -> DecodeStep:
+    def make(
+        cls, position: torch.Tensor, real_before: torch.Tensor, pad_mask, scaling: float, **positions
+    ) -> DecodeStep:
         if pad_mask is None:
             valid = torch.ones_like(real_before, dtype=torch.bool)
         else:
             valid = pad_mask.index_select(1, position.view(1))[:, 0]
         rank = torch.where(valid, real_before, -1)
-        return cls(position, valid, rank, real_before + valid.long(), pad_mask, scaling)
+        return cls(position, valid, rank, real_before + valid.long(), pad_mask, scaling, **positions)
 
 
 # how dynamic full-head buffers grow: exact on the first pass, then by ~1.6% at a time

@@ -5,6 +5,10 @@ A query of rank r attends to ranks < sink and in (r - recent, r], in prefill too
 FlexAttention, O(N·(sink + recent)). Every head of a group keeps the same ranks; `rank` [B, S]
 holds each slot's real-token rank (-1 empty). Slots are unordered: keys carry their position
 through RoPE, so a decode step overwrites the oldest window slot in place.
+
+`positions`: "original" (DuoAttention's rule, the default) scores each key at its distance in the
+sequence; "cache" (StreamingLLM's rule) at its distance within the cache, so that no distance exceeds
+sink + recent and a stream can run past the model's trained length (attention/cache_positions.py).
 """
 
 from __future__ import annotations
@@ -14,10 +18,14 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import ranks as R
+from ..attention.cache_positions import cache_position_view, shift_recent_keys
 from ..attention.dense import decode_sdpa
 from ..attention.sink_window_attention import sink_window_attention
-from .base import DecodeStep, HeadGroup, HeadPolicy, Step, register_policy
+from ..errors import PlanError
+from .base import DecodeStep, HeadGroup, HeadPolicy, Step, option, register_policy
 from .static_buffers import allocate_static
+
+POSITION_RULES = ("original", "cache")  # each key at its place in the sequence, or within the cache
 
 
 @register_policy
@@ -26,6 +34,19 @@ class SinkWindow(HeadPolicy):
     name = "sink_window"
     sink: int = 64
     recent: int = 256
+    positions: str = option("original")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.positions not in POSITION_RULES:
+            raise PlanError(
+                f"sink_window: positions must be 'original' (each key at its place in the sequence) or 'cache' "
+                f"(within the cache, StreamingLLM), got {self.positions!r}"
+            )
+
+    @property
+    def cache_positions(self) -> bool:
+        return self.positions == "cache"
 
     def sees(self, q_rank: torch.Tensor, k_rank: torch.Tensor) -> torch.Tensor:
         """Attention visibility, elementwise (broadcasting): the key is real, not after the query, and
@@ -60,8 +81,26 @@ class SinkWindowGroup(HeadGroup):
     def attend(self, q, k, v, step: Step):
         if q.shape[2] == 1 and self.k is not None and step.all_valid:
             self._insert_one(k, v, step.new_ranks[:, 0])
-            return decode_sdpa(q, self.k, self.v, (self.rank >= 0)[:, None, None, :], step.scaling)
+            q, keys = self._scored(q, self.k, step.new_ranks, self.rank, step)
+            return decode_sdpa(q, keys, self.v, (self.rank >= 0)[:, None, None, :], step.scaling)
         return self._attend_chunk(q, k, v, step)
+
+    def _scored(self, q, keys, q_rank, k_rank, step) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries and keys to score with: as they are, or seeing positions within the cache."""
+        if not self.policy.cache_positions:
+            return q, keys
+        sink, capacity = self.policy.sink, self.policy.capacity
+        return cache_position_view(q, keys, q_rank, k_rank, sink, capacity, step.position_base, step.rotation)
+
+    def _attention(self, q, keys, values, k_rank, step) -> torch.Tensor:
+        """The pass's queries over `keys` (stored slots and the pass's tokens) under the policy."""
+        scored_q, scored_keys = self._scored(q, keys, step.new_ranks, k_rank, step)
+        return sink_window_attention(scored_q, scored_keys, values, step.new_ranks, k_rank, self.policy, step.scaling)
+
+    def shift_positions(self, delta: torch.Tensor, rotation) -> None:
+        """The stream's position base moved up by delta [B]: window keys move back with it (sinks stay)."""
+        if self.k is not None and self.policy.cache_positions:
+            shift_recent_keys(self.k, self.rank, self.policy.sink, delta, rotation)
 
     def _insert_one(self, k, v, rank):  # k [B, G, 1, D], rank [B]
         sink, capacity = self.policy.sink, self.policy.capacity
@@ -81,7 +120,7 @@ class SinkWindowGroup(HeadGroup):
     def _attend_chunk(self, q, k, v, step):
         """Attend the chunk to the stored slots and itself, then keep only sink + recent."""
         keys, values, ranks = self._with_new(k, v, step)
-        out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy, step.scaling)
+        out = self._attention(q, keys, values, ranks, step)
         self._keep(keys, values, ranks, step)
         return out
 
@@ -131,7 +170,7 @@ class StaticSinkWindowGroup(SinkWindowGroup):
             self._allocate(k)
         keys, values = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
         ranks = torch.cat([self.rank, step.new_ranks], dim=1)
-        out = sink_window_attention(q, keys, values, step.new_ranks, ranks, self.policy, step.scaling)
+        out = self._attention(q, keys, values, ranks, step)
         keep = self.policy.keeps(ranks, step.real_after)
         self._store(keys, values, ranks, keep)
         return out
@@ -156,7 +195,8 @@ class StaticSinkWindowGroup(SinkWindowGroup):
             buffer.scatter_(2, index, torch.where(valid[:, None, None, None], new, buffer.gather(2, index)))
         old_rank = self.rank.gather(1, slot[:, None])
         self.rank.scatter_(1, slot[:, None], torch.where(valid[:, None], step.new_rank[:, None], old_rank))
-        return decode_sdpa(q, self.k, self.v, (self.rank >= 0)[:, None, None, :], step.scaling)
+        q, keys = self._scored(q, self.k, step.new_rank[:, None], self.rank, step)
+        return decode_sdpa(q, keys, self.v, (self.rank >= 0)[:, None, None, :], step.scaling)
 
     def fill(self, batch, context, head_dim, dtype, device):
         self._allocate(torch.empty(batch, self.num_kv, 1, head_dim, dtype=dtype, device=device))

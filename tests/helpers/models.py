@@ -27,10 +27,11 @@ FAMILIES = {  # config builders; keyword arguments override COMMON (e.g. num_hid
 }
 
 
-def tiny_model(family: str = "llama", seed: int = 0, dtype=torch.float32, layers: int = 2):
-    """A random model of `family` (see FAMILIES), in memory, sdpa attention, never stopping at an eos token."""
+def tiny_model(family: str = "llama", seed: int = 0, dtype=torch.float32, layers: int = 2, **config_overrides):
+    """A random model of `family` (see FAMILIES; `config_overrides` on top), in memory, sdpa attention, never
+    stopping at an eos token."""
     torch.manual_seed(seed)
-    config = FAMILIES[family](num_hidden_layers=layers)
+    config = FAMILIES[family](num_hidden_layers=layers, **config_overrides)
     config._attn_implementation = "sdpa"
     model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     model.generation_config.eos_token_id = None  # random weights: never stop early, rows stay comparable

@@ -16,6 +16,7 @@ POLICIES = [
     dr.Full(kv_bits=8, group=8, residual=8),
     dr.Full(kv_bits=4, group=8, residual=8),
     dr.SinkWindow(4, 8),
+    dr.SinkWindow(4, 8, positions="cache"),  # StreamingLLM's positions (within the cache)
     dr.H2O(5, 7),
     dr.H2O(5, 7, kv_bits=8, group=8),
     dr.SinkH2O(2, 5, 5),
@@ -36,9 +37,11 @@ def policy_matrix(
     quantized: bool | None = None,
     names: tuple[str, ...] = (),
     fields: tuple[str, ...] = (),
+    cache_positions: bool | None = None,
 ):
     """POLICIES as pytest params (id: the policy as written), filtered by storage bits, boundedness, codes
-    (kv_bits 8 or 4), name, or the size fields a policy has (`fields=("recent",)`: sized by a recent window)."""
+    (kv_bits 8 or 4), name, the size fields a policy has (`fields=("recent",)`: sized by a recent window), or
+    whether its heads see positions within their cache."""
     chosen = [
         p
         for p in POLICIES
@@ -47,6 +50,7 @@ def policy_matrix(
         and (quantized is None or (kv_bits(p) < 16) == quantized)
         and (not names or p.name in names)
         and all(hasattr(p, f) for f in fields)
+        and (cache_positions is None or p.cache_positions == cache_positions)
     ]
     assert chosen, "the filter leaves no policy: a test over nothing would pass without testing"
     return [pytest.param(p, id=str(p)) for p in chosen]

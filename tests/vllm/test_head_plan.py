@@ -82,3 +82,20 @@ def test_streaming_heads_are_refused_off_vllm_cpu_with_what_to_do_there():
     check_streaming_heads_run_here(mixed, "cpu", is_cpu=True)
     all_full = load_head_table(config(profile=str(PROFILE), sparsity=0), 128, {})
     check_streaming_heads_run_here(all_full, "cuda", is_cpu=False)
+
+
+def test_sink_windows_keep_their_original_positions_on_vllm(tmp_path):
+    """vLLM's prefix cache relies on a key depending only on the tokens before it: a profile that deploys
+    positions within the cache is planned with original positions here, and a plan that has them is refused."""
+    from dataclasses import replace
+
+    import duocal_runtime as dr
+    from duocal_vllm.head_plan import head_table
+
+    profile = dr.load_profile(PROFILE)
+    streaming = replace(profile, deploy=profile.deploy.with_sizes(dr.SinkWindow(64, 512, positions="cache")))
+    saved = dr.save_profile(streaming, tmp_path / "streaming.json")
+    table = load_head_table(config(profile=str(saved), sparsity=0.5), 128, {})
+    assert {(s.sink, s.recent) for row in table for s in row if not s.is_full} == {(64, 512)}
+    with pytest.raises(DuoVllmError, match=r"45 other heads: .*positions within its cache.*positions='original'"):
+        head_table(dr.plan(profile, sparsity=0.5, positions="cache"), 128)

@@ -20,7 +20,7 @@ def test_each_command_is_one_line_in_the_top_level_help():
     assert result.exit_code == 0, result.output
     rows = command_rows(result.output)
     names = [re.match(r"│ (\S+)", row).group(1) for row in rows]
-    assert names == ["calibrate", "profile", "tune", "serve", "profiles", "eval", "models", "recipes"]
+    assert names == ["calibrate", "profile", "tune", "chat", "serve", "profiles", "eval", "models", "recipes"]
 
 
 def test_serve_help_says_sampling_settings_are_honoured():

@@ -74,7 +74,7 @@ def test_batched_tokens_equal_generate_for_every_policy(tiny_llama, kind):
     assert [r.generated_tokens for r in got.values()] == want
 
 
-@pytest.mark.parametrize("policy", policy_matrix())
+@pytest.mark.parametrize("policy", policy_matrix(cache_positions=False))
 def test_every_policy_alone_batches_like_generate(tiny_llama, policy):
     """Each policy of the shared matrix on every head: the mixes above pair policies, this one finds a
     policy that fails only where it is alone (and covers a new policy without a new mix)."""
@@ -84,6 +84,13 @@ def test_every_policy_alone_batches_like_generate(tiny_llama, policy):
         want = [alone(tiny_llama, runtime, p) for p in batch]
         got = tiny_llama.generate_batch(inputs=batch, generation_config=gen(), continuous_batching_config=config())
     assert [r.generated_tokens for r in got.values()] == want
+
+
+def test_a_plan_whose_heads_see_cache_positions_is_refused_before_any_request(tiny_llama):
+    """transformers' scheduler gives the model positions of its own: such a plan is generate()'s."""
+    plan = dr.uniform_plan(dr.shape_of_config(tiny_llama.config), dr.SinkWindow(4, 8, positions="cache"))
+    with dr.apply(tiny_llama, plan), pytest.raises(dr.PlanError, match=r"model\.generate\(\)"):
+        tiny_llama.generate_batch(inputs=prompts([5]), generation_config=gen(), continuous_batching_config=config())
 
 
 def test_the_all_full_plan_equals_plain_continuous_batching(tiny_llama):
