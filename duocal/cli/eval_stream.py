@@ -53,6 +53,16 @@ def stream(
     fresh_checks: Annotated[
         int, typer.Option(help="Buckets of the streaming row fed again from position 0 after a warm-up, to compare.")
     ] = 0,
+    resolution: Annotated[
+        int | None, typer.Option(help="Tokens per point of the plot and of the JSON's points (default: --chunk).")
+    ] = None,
+    broken_ratio: Annotated[
+        float,
+        typer.Option(
+            help="Stop a row whose distances grow (full, streaming-original, duo) once two points in a row pass this "
+            "times its best perplexity (0: never)."
+        ),
+    ] = 0.0,
     json_path: Annotated[
         str | None, typer.Option("--json", help="Write every bucket as JSON here ('-': stdout).")
     ] = None,
@@ -91,6 +101,8 @@ def stream(
             duo_positions=positions,
             full_kv_limit=kv_limit(full_kv_limit),
             fresh_checks=fresh_checks,
+            broken_ratio=broken_ratio,
+            resolution=resolution,
         )
         stream_plans(config, model_config, loaded)  # what a row cannot run is refused before the weights load
         tape = TokenTape(ref.load_tokenizer(), text_pieces(text), config.tokens)

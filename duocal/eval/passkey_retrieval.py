@@ -139,12 +139,11 @@ def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile
     """Raise `ValueError` if the options do not fit this model (and, given its tokenizer, if the
     passkeys do not fit every context): cheap, so it can run before the weights are loaded."""
     check_model_supported(model_config)
-    refuse_beyond_positions(config.contexts, model_config, "evaluate at most that many tokens")
+    advice = "evaluate at most that many tokens"
+    refuse_beyond_positions(config.contexts, model_config, advice, rows=config.rows)
     require_profile(config.rows, profile, model_config)
     if config.format == "chat":
-        refuse_beyond_positions(
-            config.contexts, model_config, "evaluate at most that many tokens", config.answer_tokens
-        )
+        refuse_beyond_positions(config.contexts, model_config, advice, config.answer_tokens, rows=config.rows)
     if tokenizer is not None and config.format == "chat":
         for context in config.contexts:
             chat_work(tokenizer, context, config.samples, config.depths, config.haystack, config.seed)

@@ -99,7 +99,8 @@ def check_text_window_fits(config: PerplexityConfig, model_config, profile: dr.P
     """What the model's config alone can refuse, before the weights load: a text window beyond its
     positions, a row that needs a profile without one, a profile of another model."""
     limit = model_positions(model_config)
-    refuse_beyond_positions([config.context], model_config, f"use --context {limit} or less")
+    rows = (*config.rows, *config.baselines)
+    refuse_beyond_positions([config.context], model_config, f"use --context {limit} or less", rows=rows)
     require_profile(config.rows, profile, model_config)
 
 

@@ -4,7 +4,7 @@
 |-------------|-------------------------------------------------------------------------------|----------|
 | `full`      | every head full (the reference)                                               | 0        |
 | `duo`       | the profile's lowest-scoring heads on sink + recent (DuoAttention, 2410.10819) | each     |
-| `streaming` | every head on sink + recent (StreamingLLM, arXiv 2309.17453)                   | 1        |
+| `streaming` | every head on sink + recent, positions within the cache (StreamingLLM, arXiv 2309.17453) | 1 |
 | `h2o`       | every head on H2O (arXiv 2306.14048), with the KV bytes of `duo`               | each     |
 | `random`    | that many heads drawn at random on sink + recent; seeds: mean / min / max      | each     |
 | `mix`       | a policy per head among `mix_policies` chosen by measurement at `duo`'s bytes  | each     |
@@ -59,6 +59,7 @@ class RowKind:
     fixed_sparsity: float = 0.0
     default: bool = True  # evaluated when no rows are named
     style: tuple[str, str] = ("tab:gray", "D")  # matplotlib colour and marker
+    streams: bool = False  # no head sees a distance past what it keeps: it runs past the trained length
 
 
 ROWS: dict[str, RowKind] = {}
@@ -162,10 +163,11 @@ register_row(
 register_row(
     RowKind(
         "streaming",
-        lambda i, s: _one(dr.uniform_plan(i.shape, i.sink_window)),
+        lambda i, s: _one(dr.uniform_plan(i.shape, replace(i.sink_window, positions="cache"))),
         per_sparsity=False,
         fixed_sparsity=1.0,
         style=("tab:orange", "s"),
+        streams=True,
     )
 )
 register_row(RowKind("h2o", lambda i, s: _one(h2o_plan(i.shape, _capacity(i, s), i.context)), style=("tab:green", "^")))
@@ -249,13 +251,22 @@ def model_positions(model_config: Any) -> int | None:
     return getattr(text_config, "max_position_embeddings", None)
 
 
-def refuse_beyond_positions(contexts, model_config: Any, advice: str, generated: int = 0) -> None:
-    """Raise `ValueError` for the first context (plus `generated` tokens) beyond the model's positions."""
+def refuse_beyond_positions(
+    contexts, model_config: Any, advice: str, generated: int = 0, rows: Sequence[str] | None = None
+) -> None:
+    """Raise `ValueError` for the first context (plus `generated` tokens) beyond the model's positions, unless
+    every one of `rows` streams (no head sees a distance past what it keeps)."""
     limit = model_positions(model_config)
     beyond = [c for c in contexts if limit is not None and c + generated > limit]
-    if beyond:
-        plus = f" + {generated} generated tokens" if generated else ""
-        raise ValueError(f"context {beyond[0]}{plus} is beyond the model's max_position_embeddings ({limit}); {advice}")
+    if not beyond or (rows and all(ROWS[r].streams for r in rows if r in ROWS) and set(rows) <= set(ROWS)):
+        return
+    plus = f" + {generated} generated tokens" if generated else ""
+    held = [r for r in rows or () if r not in ROWS or not ROWS[r].streams]
+    which = f": rows {', '.join(held)} have heads that see original positions" if held else ""
+    streaming = ", or evaluate only --rows streaming (positions within the cache: no limit)" if rows else ""
+    raise ValueError(
+        f"context {beyond[0]}{plus} is beyond the model's max_position_embeddings ({limit}){which}; {advice}{streaming}"
+    )
 
 
 def row_sink_window(profile: dr.Profile | None, sink: int | None, recent: int | None) -> dr.SinkWindow:

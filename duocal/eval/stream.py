@@ -47,6 +47,8 @@ class StreamConfig:
     duo_positions: str = "original"
     full_kv_limit: int = 1 << 30
     fresh_checks: int = 0
+    broken_ratio: float = 0.0  # a row whose distances grow stops once two points pass this times its best (0: never)
+    resolution: int | None = None  # tokens per point of the plot (default: the chunk); a multiple of `chunk`
 
     def __post_init__(self):
         for name in ("tokens", "bucket", "chunk", "sink", "recent", "full_kv_limit"):
@@ -55,11 +57,15 @@ class StreamConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive number of tokens, got {value!r}")
         if self.bucket % self.chunk:
             raise ValueError(f"--bucket ({self.bucket}) must be a multiple of --chunk ({self.chunk})")
+        if self.resolution is not None and (self.resolution < 1 or self.resolution % self.chunk):
+            raise ValueError(f"--resolution ({self.resolution}) must be a positive multiple of --chunk ({self.chunk})")
         if self.tokens < self.bucket:
             raise ValueError(f"--tokens ({self.tokens}) is less than one bucket ({self.bucket}); stream more")
         unknown = [r for r in self.rows if r not in STREAM_ROWS]
         if unknown or not self.rows:
             raise ValueError(f"unknown row(s) {unknown}; choose from {', '.join(STREAM_ROWS)}")
+        if not (self.broken_ratio == 0 or self.broken_ratio > 1):
+            raise ValueError(f"--broken-ratio must be 0 (never stop) or above 1, got {self.broken_ratio}")
         if not 0 <= self.fresh_checks <= self.tokens // self.bucket - 1:
             raise ValueError(
                 f"--fresh-checks must be between 0 and the buckets after the first ({self.tokens // self.bucket - 1})"
@@ -87,6 +93,7 @@ class StreamRow:
     plan: str
     buckets: list[Bucket] = field(default_factory=list)
     stopped: str | None = None  # why the row ended before the stream did
+    points: list[tuple[int, float]] = field(default_factory=list)  # (tokens, perplexity) every `resolution` tokens
 
     @property
     def peak_rss_bytes(self) -> int:
@@ -186,8 +193,10 @@ def stream_row(
     """Stream the tape through `plan`; also returns the tokens of buckets `keep` (with their warm-ups)."""
     row, stream = StreamRow(name, plan_description(plan)), RowStream(model, plan, config)
     bounded = plan is not None and all(p.bounded for r in plan.policies for p in r)
+    can_break = plan is None or not plan.distances_bounded  # distances past the trained length: it may break
     tape.rewind()
     kept, warm, before = {}, config.sink + config.recent, []  # `before`: the last `warm` tokens read
+    point = Points(row.points, config.resolution or config.chunk)
     try:
         for start in range(0, config.tokens, config.bucket):
             loss, count, began = 0.0, 0, time.perf_counter()
@@ -205,6 +214,12 @@ def stream_row(
                     return row, kept
                 chunk_loss, chunk_count = stream.feed(ids)
                 loss, count = loss + chunk_loss, count + chunk_count
+                completed = point.add(stream.seen, chunk_loss, chunk_count)
+                if completed and can_break and broken(row.points, config.broken_ratio):
+                    row.stopped = (
+                        f"stopped at {stream.seen:,} tokens: two points past {config.broken_ratio:g}x its best"
+                    )
+                    return row, kept
                 before = (before + ids)[-warm:] if keep else before
                 if bucket_ids is not None:
                     bucket_ids += ids
@@ -225,6 +240,30 @@ def stream_row(
     finally:
         stream.close()
     return row, kept
+
+
+class Points:
+    """Perplexity every `every` tokens, into `out` (the plot's resolution, finer than buckets)."""
+
+    def __init__(self, out: list, every: int):
+        self.out, self.every, self.loss, self.count = out, every, 0.0, 0
+
+    def add(self, seen: int, loss: float, count: int) -> bool:
+        """Add a chunk's loss; True when it completed a point."""
+        self.loss, self.count = self.loss + loss, self.count + count
+        if seen % self.every or not self.count:
+            return False
+        self.out.append((seen, math.exp(self.loss / self.count)))
+        self.loss, self.count = 0.0, 0
+        return True
+
+
+def broken(points: list[tuple[int, float]], ratio: float) -> bool:
+    """Whether the last two points passed `ratio` times the best perplexity before them."""
+    if not ratio or len(points) < 3:
+        return False
+    best = min(ppl for _, ppl in points[:-2])
+    return all(ppl > ratio * best for _, ppl in points[-2:])
 
 
 def fresh_ppl(model, plan: dr.Plan, ids: list[int], warm: int, chunk: int) -> float:
@@ -252,6 +291,11 @@ def checked_buckets(config: StreamConfig) -> list[int]:
     return sorted({round(1 + i * step) for i in range(config.fresh_checks)})
 
 
+def offset_progress(progress: Progress, before: int, total: int) -> Progress:
+    """A row's progress as a share of every row's tokens (rows that stop early leave the ETA high)."""
+    return lambda done, _, what: progress(before + done, total, what)
+
+
 def stream_plans(config: StreamConfig, model_config, profile: dr.Profile | None) -> dict[str, dr.Plan | None]:
     """Every row's plan, from the model's config alone (what a row cannot run is refused before any work)."""
     if profile is not None:
@@ -267,13 +311,14 @@ def evaluate_stream(
     progress = progress or (lambda done, total, what: None)
     plans = stream_plans(config, model.config, profile)
     rows = []
-    for name in config.rows:
+    for index, name in enumerate(config.rows):
         keep = checked_buckets(config) if name == "streaming" else []
-        row, kept = stream_row(model, name, plans[name], tape, config, progress, keep)
-        for index, ids in kept.items():
-            progress(0, 0, f"{name}: bucket {index} fed fresh")
-            warm = len(ids) - (row.buckets[index].end - row.buckets[index].start)
-            row.buckets[index].fresh_ppl = fresh_ppl(model, plans[name], ids, warm, config.chunk)
+        row_progress = offset_progress(progress, index * config.tokens, len(config.rows) * config.tokens)
+        row, kept = stream_row(model, name, plans[name], tape, config, row_progress, keep)
+        for number, ids in kept.items():
+            bucket = row.buckets[number]
+            row_progress(bucket.end, 0, f"{name}: bucket {number} fed fresh from position 0")
+            bucket.fresh_ppl = fresh_ppl(model, plans[name], ids, len(ids) - (bucket.end - bucket.start), config.chunk)
         rows.append(row)
         if hasattr(progress, "row"):
             progress.row(f"{name}: {len(row.buckets)} buckets" + (f"; {row.stopped}" if row.stopped else ""))

@@ -55,8 +55,8 @@ def render_stream_table(rows: Sequence[StreamRow], console: Console | None = Non
 
 
 def plot_stream(rows: Sequence[StreamRow], path: str | Path, trained: int | None, title: str = "") -> Path:
-    """Perplexity per bucket against the tokens streamed (log axes), a line per row, the trained length
-    as a dashed line. Drawn on a bare `Figure` (Agg): pyplot's global state is left alone."""
+    """Perplexity against the tokens streamed (log axes; a point every `resolution` tokens), a line per row,
+    the trained length as a dashed line. Drawn on a bare `Figure` (Agg): pyplot's global state is left alone."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -65,15 +65,15 @@ def plot_stream(rows: Sequence[StreamRow], path: str | Path, trained: int | None
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     for row in rows:
-        if row.buckets:
-            ends = [b.end for b in row.buckets]
-            ax.plot(ends, [b.ppl for b in row.buckets], marker="." if len(ends) > 1 else "o", label=row.name)
+        if row.points:
+            ends = [end for end, _ in row.points]
+            ax.plot(ends, [ppl for _, ppl in row.points], marker="." if len(ends) > 1 else "o", label=row.name)
     if trained:
         ax.axvline(trained, color="grey", linestyle="--", linewidth=1, label=f"trained length ({trained:,})")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("tokens streamed (end of bucket)")
-    ax.set_ylabel("perplexity of the bucket")
+    ax.set_xlabel("tokens streamed")
+    ax.set_ylabel("perplexity (since the last point)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

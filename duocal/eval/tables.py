@@ -40,10 +40,12 @@ def exact_match_text(row: PasskeyRow) -> str:
 
 
 def heads_text(row: PasskeyRow) -> str:
-    """'12/16 sink_window 64+256': bounded heads of all, their policy and sizes."""
+    """'12/16 sink_window 64+256': bounded heads of all, their policy and sizes ('(cache)': positions within it)."""
     sizes = dict(row.head_policy or {"policy": "full"})
     name = sizes.pop("policy")
-    return f"{row.bounded_heads}/{row.num_heads} {name} {'+'.join(map(str, sizes.values()))}".rstrip()
+    options = "".join(f" ({value})" for value in sizes.values() if isinstance(value, str))
+    numbers = "+".join(str(value) for value in sizes.values() if not isinstance(value, str))
+    return f"{row.bounded_heads}/{row.num_heads} {name} {numbers}".rstrip() + options
 
 
 def compact_table(console: Console, title: str | None) -> Table:

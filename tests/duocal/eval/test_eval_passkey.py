@@ -218,7 +218,7 @@ def test_cli_table(tiny_llama_folder, tmp_path):
     result = runner.invoke(app, ["eval", "passkey", "--model", str(tiny_llama_folder), *table])
     assert result.exit_code == 0, result.output
     assert "exact" in result.stdout and "streaming" in result.stdout and "0/4 full" in result.stdout
-    assert "4/4 sink_window 8+32" in result.stdout
+    assert "4/4 sink_window 8+32" in result.stdout and "(cache)" in result.stdout  # StreamingLLM's positions
     rows = [line.split()[0] for line in result.stdout.splitlines() if line.split()[:1] in (["full"], ["streaming"])]
     assert rows == ["full", "streaming"], result.stdout  # the reference first
     assert "exact match: share of answers that are the key" in result.stdout  # what the columns mean

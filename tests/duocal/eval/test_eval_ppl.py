@@ -140,3 +140,17 @@ def test_cli_json_rows_and_clear_errors(tmp_path):
     ):
         refused = runner.invoke(app, args)
         assert refused.exit_code == 1 and "is a fifo" in refused.output, args
+
+
+def test_past_the_trained_length_only_rows_that_stream_are_evaluated(tiny_llama_folder):
+    """The tiny model is trained on 1,024 positions: the streaming row (positions within the cache) reads a
+    2,048-token text window; a row with full heads is refused before any work, naming itself."""
+    args = ["eval", "ppl", "--model", str(tiny_llama_folder), "--context", "2048", "--text-windows", "1"]
+    result = CliRunner().invoke(app, [*args, "--rows", "streaming", "--sink", "4", "--recent", "60", "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["row"] == "streaming" and row["context"] == 2048 and math.isfinite(row["ppl"])
+    result = CliRunner().invoke(app, [*args, "--rows", "streaming,full"])
+    assert result.exit_code == 1
+    assert "beyond the model's max_position_embeddings (1024): rows full have heads that see original" in result.output
+    assert "--rows streaming" in result.output

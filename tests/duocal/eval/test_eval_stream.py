@@ -45,6 +45,7 @@ def test_rows_stream_in_buckets_and_only_bounded_rows_hold_their_memory(tiny_lla
     fresh = [b["fresh_ppl"] for b in rows["streaming"]["buckets"]]
     assert fresh[0] is None and fresh[1] is not None and fresh[3] is not None and fresh[2] is None
     assert all(b["fresh_ppl"] is None for b in rows["full"]["buckets"])
+    assert [end for end, _ in rows["streaming"]["points"]] == list(range(256, 4097, 256))  # one per chunk
     assert (tmp_path / "stream.png").read_bytes()[:4] == b"\x89PNG"
     assert "streaming-original" in result.output and "4,096" in result.output
 
@@ -125,3 +126,21 @@ def test_not_utf8_and_not_a_number_are_refused(tiny_llama_folder, tmp_path):
     assert result.exit_code == 1 and "is not UTF-8 text" in result.output
     result = stream(tiny_llama_folder, "--tokens", "many")
     assert result.exit_code == 2 and "integer" in result.output and "Traceback" not in result.output
+
+
+def test_points_checked_buckets_and_the_broken_rule():
+    from duocal.eval.stream import Points, StreamConfig, broken, checked_buckets
+
+    out = []
+    points = Points(out, every=512)
+    assert not points.add(256, 10.0, 255) and points.add(512, 10.0, 256)
+    assert len(out) == 1 and out[0][0] == 512 and out[0][1] == pytest.approx(2.718281828 ** (20 / 511))
+    config = StreamConfig(tokens=16 * 1024, bucket=1024, chunk=256, fresh_checks=4)
+    assert checked_buckets(config) == [1, 6, 10, 15]
+    assert checked_buckets(StreamConfig(tokens=4096, bucket=1024, chunk=256, fresh_checks=1)) == [3]
+    assert broken([(1, 10.0), (2, 101.0), (3, 150.0)], 10) and not broken([(1, 10.0), (2, 99.0), (3, 150.0)], 10)
+    assert not broken([(1, 10.0), (2, 500.0), (3, 500.0)], 0)  # 0: never
+    with pytest.raises(ValueError, match="--resolution"):
+        StreamConfig(tokens=4096, bucket=1024, chunk=256, resolution=300)
+    with pytest.raises(ValueError, match="--broken-ratio"):
+        StreamConfig(tokens=4096, bucket=1024, chunk=256, broken_ratio=0.5)
