@@ -50,6 +50,9 @@ def stream(
     full_kv_limit: Annotated[
         str, typer.Option(help="Rows with full heads stop before their KV cache passes this ('1GiB').")
     ] = "1GiB",
+    time_limit: Annotated[
+        float | None, typer.Option(help="Seconds a row with full heads may run before it stops (default: no limit).")
+    ] = None,
     fresh_checks: Annotated[
         int, typer.Option(help="Buckets of the streaming row fed again from position 0 after a warm-up, to compare.")
     ] = 0,
@@ -103,6 +106,7 @@ def stream(
             fresh_checks=fresh_checks,
             broken_ratio=broken_ratio,
             resolution=resolution,
+            time_limit=time_limit,
         )
         stream_plans(config, model_config, loaded)  # what a row cannot run is refused before the weights load
         tape = TokenTape(ref.load_tokenizer(), text_pieces(text), config.tokens)

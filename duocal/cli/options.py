@@ -38,6 +38,13 @@ MixPoliciesOpt = Annotated[
 ]
 SinkOpt = Annotated[int | None, typer.Option(help="Sink tokens of sink-window heads (default: the profile's).")]
 RecentOpt = Annotated[int | None, typer.Option(help="Recent tokens of sink-window heads (default: the profile's).")]
+PositionsOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="What the sink windows of duo and random see: original (DuoAttention) or cache (positions within "
+        "it; default: the profile's, else original). The streaming row always sees cache positions."
+    ),
+]
 KvBitsOpt = Annotated[
     str,
     typer.Option(help="Bits full heads store keys and values in, one row each: 16, 8, 4 (KIVI codes below 16)."),

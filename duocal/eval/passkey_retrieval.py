@@ -56,6 +56,7 @@ class PasskeyEvalConfig:
     seed: int = EVAL_SEED
     sink: int | None = None
     recent: int | None = None
+    positions: str | None = None  # what sink windows of duo and random see (None: the profile's, else original)
     random_seeds: int = 3
     batch_size: int = 8
     format: str = DEMO_PASSKEY_FORMAT
@@ -100,7 +101,7 @@ class PasskeyEvalConfig:
                 raise ValueError(f"{name} must be a positive number of tokens, got {value}")
 
     def sink_window(self, profile: dr.Profile | None) -> dr.SinkWindow:
-        return row_sink_window(profile, self.sink, self.recent)
+        return row_sink_window(profile, self.sink, self.recent, self.positions)
 
 
 @dataclass

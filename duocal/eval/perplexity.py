@@ -50,6 +50,7 @@ class PerplexityConfig:
     text_windows: int = 4
     sink: int | None = None
     recent: int | None = None
+    positions: str | None = None  # what sink windows of duo and random see (None: the profile's, else original)
     random_seeds: int = 3
     kv_bits: tuple[int, ...] = (16,)  # widths of full heads' keys and values, one row each (16, 8, 4)
     baselines: tuple[str, ...] = ()  # transformers' QuantizedCache rows (hf_quantized.HF_QUANTIZED)
@@ -73,7 +74,7 @@ class PerplexityConfig:
         return self.context // 2 if self.scored is None else self.scored
 
     def sink_window(self, profile: dr.Profile | None) -> dr.SinkWindow:
-        return row_sink_window(profile, self.sink, self.recent)
+        return row_sink_window(profile, self.sink, self.recent, self.positions)
 
 
 @dataclass

@@ -105,7 +105,14 @@ def matched_tokens(shape: dr.ModelShape, sparsity: float, sink_window: dr.SinkWi
 
 
 def duo_plan(profile: dr.Profile, sparsity: float, sink_window: dr.SinkWindow) -> dr.Plan:
-    return dr.plan(profile, sparsity=sparsity, policy="sink_window", sink=sink_window.sink, recent=sink_window.recent)
+    return dr.plan(
+        profile,
+        sparsity=sparsity,
+        policy="sink_window",
+        sink=sink_window.sink,
+        recent=sink_window.recent,
+        positions=sink_window.positions,
+    )
 
 
 def h2o_plan(shape: dr.ModelShape, tokens: int, context: int) -> dr.Plan:
@@ -269,10 +276,12 @@ def refuse_beyond_positions(
     )
 
 
-def row_sink_window(profile: dr.Profile | None, sink: int | None, recent: int | None) -> dr.SinkWindow:
-    """The sink window of bounded heads: given sizes, else the profile's, else 64 / 256."""
+def row_sink_window(
+    profile: dr.Profile | None, sink: int | None, recent: int | None, positions: str | None = None
+) -> dr.SinkWindow:
+    """The sink window of bounded heads: given sizes and positions, else the profile's, else 64 / 256, original."""
     d = profile.deploy.sink_window if profile is not None else DEFAULT_SINK_WINDOW
-    return dr.SinkWindow(sink=sink or d.sink, recent=recent or d.recent)
+    return dr.SinkWindow(sink=sink or d.sink, recent=recent or d.recent, positions=positions or d.positions)
 
 
 def build_rows(

@@ -49,6 +49,7 @@ class StreamConfig:
     fresh_checks: int = 0
     broken_ratio: float = 0.0  # a row whose distances grow stops once two points pass this times its best (0: never)
     resolution: int | None = None  # tokens per point of the plot (default: the chunk); a multiple of `chunk`
+    time_limit: float | None = None  # seconds: a row with full heads stops before it runs longer (None: no limit)
 
     def __post_init__(self):
         for name in ("tokens", "bucket", "chunk", "sink", "recent", "full_kv_limit"):
@@ -64,6 +65,8 @@ class StreamConfig:
         unknown = [r for r in self.rows if r not in STREAM_ROWS]
         if unknown or not self.rows:
             raise ValueError(f"unknown row(s) {unknown}; choose from {', '.join(STREAM_ROWS)}")
+        if self.time_limit is not None and not self.time_limit > 0:
+            raise ValueError(f"--time-limit must be a positive number of seconds, got {self.time_limit}")
         if not (self.broken_ratio == 0 or self.broken_ratio > 1):
             raise ValueError(f"--broken-ratio must be 0 (never stop) or above 1, got {self.broken_ratio}")
         if not 0 <= self.fresh_checks <= self.tokens // self.bucket - 1:
@@ -196,6 +199,7 @@ def stream_row(
     can_break = plan is None or not plan.distances_bounded  # distances past the trained length: it may break
     tape.rewind()
     kept, warm, before = {}, config.sink + config.recent, []  # `before`: the last `warm` tokens read
+    started = time.perf_counter()
     point = Points(row.points, config.resolution or config.chunk)
     try:
         for start in range(0, config.tokens, config.bucket):
@@ -206,6 +210,16 @@ def stream_row(
                     row.stopped = (
                         f"stopped at {stream.seen:,} tokens: its KV cache would pass --full-kv-limit "
                         f"({config.full_kv_limit / 2**30:g} GiB)"
+                    )
+                    return row, kept
+                if (
+                    not bounded
+                    and config.time_limit
+                    and stream.seen
+                    and time.perf_counter() - started > config.time_limit
+                ):
+                    row.stopped = (
+                        f"stopped at {stream.seen:,} tokens: it ran past --time-limit ({config.time_limit:g} s)"
                     )
                     return row, kept
                 ids = tape.take(config.chunk)

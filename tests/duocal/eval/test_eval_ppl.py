@@ -154,3 +154,26 @@ def test_past_the_trained_length_only_rows_that_stream_are_evaluated(tiny_llama_
     assert result.exit_code == 1
     assert "beyond the model's max_position_embeddings (1024): rows full have heads that see original" in result.output
     assert "--rows streaming" in result.output
+
+
+def test_duo_and_random_rows_see_the_positions_asked_and_the_profiles_by_default():
+    from dataclasses import replace
+
+    from duocal.eval.row_kinds import RowInputs, build_rows
+
+    from helpers.profiles import random_profile
+
+    profile = random_profile()
+    inputs = lambda config, p: RowInputs(p.shape, 64, config.sink_window(p), p)  # noqa: E731
+    rows = build_rows(("duo", "random", "streaming"), (0.5,), inputs(PerplexityConfig(positions="cache"), profile))
+    sink_windows = {r.row: {p for plan in r.plans for row in plan.policies for p in row if p.bounded} for r in rows}
+    assert all(p.positions == "cache" for kinds in sink_windows.values() for p in kinds)
+    rows = build_rows(("duo", "streaming"), (0.5,), inputs(PerplexityConfig(), profile))
+    assert [{p.positions for plan in r.plans for row in plan.policies for p in row if p.bounded} for r in rows] == [
+        {"original"},
+        {"cache"},  # StreamingLLM's row always
+    ]
+    streaming_profile = replace(profile, deploy=profile.deploy.with_sizes(dr.SinkWindow(positions="cache")))
+    assert PerplexityConfig().sink_window(streaming_profile).positions == "cache"
+    result = CliRunner().invoke(app, ["eval", "ppl", "--positions", "nearby"])
+    assert result.exit_code == 1 and "positions must be 'original'" in result.output

@@ -59,6 +59,13 @@ def test_rows_with_full_heads_stop_at_their_kv_limit_saying_so(tiny_llama_folder
     rows = {row["name"]: row for row in json.loads(result.stdout)["rows"]}
     assert "its KV cache would pass --full-kv-limit" in rows["full"]["stopped"]
     assert len(rows["full"]["buckets"]) < 4 and len(rows["streaming"]["buckets"]) == 4
+    result = stream(
+        tiny_llama_folder, "--tokens", "4096", "--bucket", "1024", "--chunk", "256", "--rows", "full,streaming",
+        "--time-limit", "1e-9", "--json", "-", text=TEXT, tmp=tmp_path,
+    )  # fmt: skip
+    rows = {row["name"]: row for row in json.loads(result.stdout)["rows"]}
+    assert rows["full"]["stopped"] == "stopped at 256 tokens: it ran past --time-limit (1e-09 s)"
+    assert len(rows["streaming"]["buckets"]) == 4  # bounded rows run to the end
 
 
 def test_a_fifo_that_never_ends_streams_until_tokens(tiny_llama_folder, tmp_path):
