@@ -1,10 +1,11 @@
 """A conversation that keeps one KV cache across turns: each turn prefills only its own tokens.
 
-The tokens of a turn are what the chat template adds to the conversation so far: the template is
-rendered with the new message, and the text the cache has already seen (its tokens decoded) is cut off
-the front. A template that re-renders earlier turns differently (so that the conversation so far is not
-a prefix of the new rendering) is refused: the cache holds keys of the old text. generate() then reads
-only the tokens the cache has not seen.
+The tokens of a turn are what the chat template adds after the tokens the model saw and gave: the
+closing of the last answer (less the end-of-turn token when the model gave it), then the difference between
+the conversation rendered with the new message and without it. The model's own answer tokens stay as they
+were generated, whatever the template does to their text. A template that re-renders earlier turns (the
+conversation so far is not a prefix of the new rendering) gets the whole conversation prefilled again in a
+new cache, and the turn says so (`refilled`). generate() then reads only the tokens the cache has not seen.
 
 With a plan whose every head sees positions within its cache (`plan.distances_bounded`) the
 conversation goes on at constant memory past the model's trained length; with any other plan a turn
@@ -32,6 +33,7 @@ class TurnResult:
     answer: str
     new_tokens: int  # tokens the turn prefilled (its own, never the history)
     stopped: bool  # interrupted before the answer ended
+    refilled: bool = False  # the template re-rendered earlier turns: the whole conversation was prefilled again
 
 
 class _Stop(StoppingCriteria):
@@ -83,9 +85,12 @@ class ChatSession:
     def turn(self, text: str, write: Callable[[str], None] = lambda piece: None, **sampling) -> TurnResult:
         """Answer `text`, handing the answer's text to `write` as it is generated. Refuses (TurnRefused) a
         turn past the trained length of a plan that cannot go there; `self.stop.set()` ends the answer."""
-        ids = self._with_turn(text)
-        self._check_room(ids.shape[1] - self.tokens, ids.shape[1] + self.max_new_tokens)
         self.stop.clear()
+        ids, refilled = self._with_turn(text)
+        new_tokens = ids.shape[1] - (0 if refilled or self.ids is None else self.tokens)
+        self._check_room(new_tokens, ids.shape[1] + self.max_new_tokens)
+        if refilled:
+            self.cache = self.runtime.new_cache()
         out = self.model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
@@ -97,28 +102,45 @@ class ChatSession:
             **({"do_sample": False} if not sampling else {"do_sample": True, **sampling}),
         )
         answer_ids = out[0, ids.shape[1] :]
-        answer = self.tokenizer.decode(answer_ids, skip_special_tokens=True)
-        new_tokens, self.ids = ids.shape[1] - self.tokens, out
+        answer = self.tokenizer.decode(answer_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        self.ids = out
         self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
-        return TurnResult(answer, new_tokens, self.stop.is_set())
+        return TurnResult(answer, new_tokens, self.stop.is_set(), refilled)
 
-    def _with_turn(self, text: str) -> torch.Tensor:
-        """The conversation's tokens with the new message and the generation prompt added."""
-        rendered = self.tokenizer.apply_chat_template(
-            [*self.messages, {"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
-        seen = "" if self.ids is None else self._decoded(self.ids[0])
-        if not rendered.startswith(seen):
-            raise TurnRefused(
-                "this model's chat template renders earlier turns differently once a new one is added, so the cache "
-                "cannot be reused: duocal chat needs a template whose turns only append"
-            )
-        new = self.tokenizer(rendered[len(seen) :], add_special_tokens=False, return_tensors="pt")["input_ids"]
-        new = new.to(next(self.model.parameters()).device)
-        return new if self.ids is None else torch.cat([self.ids, new], dim=1)
+    def _with_turn(self, text: str) -> tuple[torch.Tensor, bool]:
+        """The conversation's tokens with the new message and the generation prompt added: the tokens the model
+        saw and gave, then what the template adds after them; else (True) the whole conversation rendered
+        again, for a new cache (a template that re-renders earlier turns)."""
+        turn = [*self.messages, {"role": "user", "content": text}]
+        added = None if self.ids is None else self._added_text(turn)
+        if added is None:
+            return self._tokens(self._render(turn, generation_prompt=True)), self.ids is not None
+        return torch.cat([self.ids, self._tokens(added)], dim=1), False
 
-    def _decoded(self, ids: torch.Tensor) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    def _added_text(self, turn: list[dict]) -> str | None:
+        """What the template adds after the last answer: its closing, the new message, the generation prompt.
+        None where the conversation so far is not a prefix of the new rendering."""
+        before, after = self._render(self.messages), self._render(turn, generation_prompt=True)
+        closing = self._closing()
+        if closing is None or not after.startswith(before):
+            return None
+        eos = self.tokenizer.eos_token
+        if eos and closing.startswith(eos) and int(self.ids[0, -1]) == self.tokenizer.eos_token_id:
+            closing = closing[len(eos) :]  # the model gave the end-of-turn token itself
+        return closing + after[len(before) :]
+
+    def _closing(self) -> str | None:
+        """The template's text after an answer's content (None if it does not show the content as given)."""
+        marker = "DuocalAnswerMarker7f3a"  # letters only: templates trim and escape contents
+        rendered = self._render([*self.messages[:-1], {"role": "assistant", "content": marker}])
+        return rendered[rendered.rindex(marker) + len(marker) :] if marker in rendered else None
+
+    def _render(self, messages: list[dict], generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
+
+    def _tokens(self, text: str) -> torch.Tensor:
+        ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        return ids.to(next(self.model.parameters()).device)
 
     def _check_room(self, new_tokens: int, at_most: int) -> None:
         plan = self.runtime.plan

@@ -159,6 +159,7 @@ class stopping_on_interrupt:
         self.session = session
 
     def __enter__(self):
+        self.session.stop.clear()  # a stop left from the last answer must not make this Ctrl-C the second
         self.previous = signal.signal(signal.SIGINT, self._interrupt)
         return self
 

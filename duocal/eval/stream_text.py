@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import stat
 import sys
 import sysconfig
@@ -61,13 +62,16 @@ def _file_pieces(path: Path) -> Iterator[bytes]:
 
 
 def _pieces_of(handle) -> Iterator[bytes]:
-    while piece := handle.read(PIECE_CHARS):
+    """What the file, fifo or stdin has, up to a piece at a time: `read1` returns what is there (a slow writer
+    is read as it writes; `read` would wait for a whole piece)."""
+    while piece := handle.read1(PIECE_CHARS):
         yield piece
 
 
 def _checked(pieces: Iterator[bytes], name: str) -> Iterator[str]:
     """UTF-8 text, refused where it holds NUL bytes (binary) or invalid UTF-8; a piece ends at whitespace
-    (the rest goes to the next) so that no word is cut between two tokenizer calls."""
+    (the rest goes to the next) so that no word is cut between two tokenizer calls, or anywhere once the text
+    has had none for four pieces (text without spaces, e.g. CJK)."""
     import codecs
 
     decoder, carry = codecs.getincrementaldecoder("utf-8")(), ""
@@ -78,10 +82,11 @@ def _checked(pieces: Iterator[bytes], name: str) -> Iterator[str]:
             text = carry + decoder.decode(raw)
         except UnicodeDecodeError:
             raise ValueError(f"{name} is not UTF-8 text") from None
-        cut = max(text.rfind(" "), text.rfind("\n"))
-        if cut <= 0:
+        cut = _last_space(text)
+        if cut <= 0 and len(text) < 4 * PIECE_CHARS:
             carry = text
             continue
+        cut = cut if cut > 0 else len(text)
         yield text[:cut]
         carry = text[cut:]
     try:
@@ -90,6 +95,13 @@ def _checked(pieces: Iterator[bytes], name: str) -> Iterator[str]:
         raise ValueError(f"{name} is not UTF-8 text (it ends inside a character)") from None
     if carry:
         yield carry
+
+
+def _last_space(text: str) -> int:
+    """Where the last run of whitespace in `text` starts (-1: none)."""
+    tail = text[-PIECE_CHARS:]
+    runs = [match.start() for match in re.finditer(r"\s+", tail)]
+    return -1 if not runs else len(text) - len(tail) + runs[-1]
 
 
 def default_text_pieces() -> Iterator[str]:

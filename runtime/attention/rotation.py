@@ -11,7 +11,7 @@ tensors are rotated, and when.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,10 +26,16 @@ class Rotation:
     """A model's RoPE frequencies (float64, [head_dim / 2]), in transformers' rotate-half layout."""
 
     inv_freq: torch.Tensor
+    placed: dict = field(default_factory=dict)  # the frequencies on each device used (no copy per step)
+
+    def frequencies_on(self, device: torch.device) -> torch.Tensor:
+        if device not in self.placed:
+            self.placed[device] = self.inv_freq.to(device)
+        return self.placed[device]
 
     def rotate(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """x [B, H, T, D] rotated by delta [B, T] positions (whole numbers). A delta of 0 leaves x exactly."""
-        angle = delta.to(torch.float64)[..., None] * self.inv_freq.to(delta.device)  # [B, T, D/2]
+        angle = delta.to(torch.float64)[..., None] * self.frequencies_on(delta.device)  # [B, T, D/2]
         cos, sin = angle.cos().to(torch.float32), angle.sin().to(torch.float32)
         cos, sin = torch.cat([cos, cos], -1)[:, None], torch.cat([sin, sin], -1)[:, None]
         wide = x.float()

@@ -144,6 +144,7 @@ class DuoCacheLayer(CacheLayerMixin):
 
     def shift_positions(self, delta: torch.Tensor) -> None:
         """Give the model positions `delta` [B] lower from now on: every group's keys move with them."""
+        delta = delta.to(self.position_base.device)
         for group in self.groups:
             group.shift_positions(delta, self.owner.rotation)
         self.position_base.add_(delta)

@@ -12,9 +12,13 @@ number of positions. Sink keys never move (cached at their ranks, while the base
 - the model never computes a RoPE angle far past its trained length (float32 angles at position
   4,000,000 are off by a tenth of a radian);
 - no key is rotated step after step (roundings that add up: +27-49% perplexity was reported in bf16):
-  a window key lives `recent` tokens and the base moves once every `trained length - capacity` tokens,
-  so it is rotated at most once or twice, by angles computed in float64.
-Plans with full, H2O or SnapKV heads keep base 0: they are bounded by the trained length anyway.
+  a window key lives `recent` tokens and the base moves once every `trained length - capacity` tokens
+  (at least twice a key's life: `move_threshold`), so it is rotated at most once or twice, by angles
+  computed in float64.
+Plans with full, H2O or SnapKV heads keep base 0: they are bounded by the trained length anyway. The base
+moves between passes, never inside one: a first pass longer than the trained length, and the decode steps
+a static cache compiles (their positions run up to its `max_length`), give the model those positions as they
+are (exact in distance; only float32's angles lose precision far past the trained length).
 """
 
 from __future__ import annotations
@@ -64,6 +68,13 @@ def new_tokens_valid(mask, layer, batch: int, length: int, device) -> torch.Tens
     return mask[:, seen : seen + length].to(device=device, dtype=torch.bool)
 
 
+def move_threshold(trained: int, capacity: int, pass_tokens: int) -> int:
+    """The position past which the base moves: the trained length, unless the cache and the pass are so large
+    against it that the base would move more than once in a window key's life (capacity + pass tokens); then
+    three times that, so that a key is rotated at most once or twice."""
+    return max(trained, 3 * (capacity + pass_tokens))
+
+
 def check_given_positions(given, ranks: torch.Tensor, valid: torch.Tensor) -> None:
     if given is None:
         return
@@ -80,7 +91,7 @@ def move_base(runtime, cache, ranks: torch.Tensor, valid: torch.Tensor, real_bef
     base = cache.layers[0].position_base
     last = torch.where(valid, ranks, -1).amax(1) - base
     target = real_before - runtime.plan_capacity  # the pass's first token then sits at position `capacity`
-    move = (last >= runtime.position_limit) & (target > base)
+    move = (last >= move_threshold(runtime.position_limit, runtime.plan_capacity, ranks.shape[1])) & (target > base)
     if bool(move.any()):
         delta = torch.where(move, target - base, 0)
         for layer in cache.layers:

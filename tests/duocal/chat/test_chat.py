@@ -140,3 +140,22 @@ def test_refusals_before_the_weights_load(tiny_llama_folder, chat_folder, tmp_pa
         result = CliRunner().invoke(app, ["chat", *args])
         assert not isinstance(result.exception, AssertionError), (args, result.exception)
         assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output, args
+
+
+@pytest.mark.parametrize(
+    "template, refilled",
+    [
+        (TEMPLATE.replace("{{ m['content'] }}", "{{ m['content'] | trim }}"), False),  # Llama-3 trims contents
+        (TEMPLATE.replace("{{ m['content'] }}", "{{ m['content'] if loop.last else m['content'][:2] }}"), True),
+    ],
+    ids=["trimmed answers", "earlier turns re-rendered"],
+)
+def test_templates_that_change_answers_text_keep_the_cache_or_refill_it(chat_folder, template, refilled):
+    chat = session(chat_folder, sink=4, recent=60)
+    chat.tokenizer.chat_template = template
+    chat.turn("hello there ")
+    second = chat.turn("and then?")
+    assert second.refilled is refilled
+    assert second.new_tokens > 40 if refilled else second.new_tokens < 40
+    third = chat.turn("more")
+    assert third.refilled is refilled and chat.cache.get_seq_length() == chat.tokens - 1

@@ -151,3 +151,14 @@ def test_points_checked_buckets_and_the_broken_rule():
         StreamConfig(tokens=4096, bucket=1024, chunk=256, resolution=300)
     with pytest.raises(ValueError, match="--broken-ratio"):
         StreamConfig(tokens=4096, bucket=1024, chunk=256, broken_ratio=0.5)
+
+
+def test_text_pieces_end_at_whitespace_and_text_without_any_still_flows():
+    from duocal.eval.stream_text import PIECE_CHARS, _checked
+
+    pieces = list(_checked(iter([b"hello wor", b"ld and\n\nmore", b" text"]), "x"))
+    assert pieces == ["hello", " world and", "\n\nmore", " text"]  # words whole, "\n\n" kept together
+    cjk = "\u4e2d".encode() * PIECE_CHARS
+    assert [len(p) for p in _checked(iter([cjk] * 5), "y")] == [4 * PIECE_CHARS, PIECE_CHARS]
+    with pytest.raises(ValueError, match="ends inside a character"):
+        list(_checked(iter(["caf\u00e9".encode()[:-1]]), "z"))

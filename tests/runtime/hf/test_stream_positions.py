@@ -135,8 +135,8 @@ def test_the_model_never_gets_a_position_past_its_trained_length_and_sinks_never
     hook = rotary.register_forward_hook(
         lambda module, args, kwargs, out: given.append(int(kwargs["position_ids"].max())), with_kwargs=True
     )
-    pass_tokens = 16
-    with dr.apply(model, every_head(model)) as runtime:
+    pass_tokens = 8  # a cache of 8 and passes of 8: the base moves at the trained length (64)
+    with dr.apply(model, every_head(model, recent=4)) as runtime:
         cache = runtime.new_cache()
         with torch.no_grad():
             model(input_ids=tokens(SINK + 4, 1), cache=cache)
@@ -250,3 +250,11 @@ def test_compiled_static_decode_with_cache_positions_gives_the_eager_tokens():
     assert hasattr(model, "_compiled_call"), "generate() did not compile the decode step"
     assert torch.equal(got, want)
     torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-4)
+
+
+def test_the_base_moves_at_the_trained_length_unless_a_key_would_move_more_than_twice_in_its_life():
+    from duocal_runtime.hf.stream_positions import move_threshold
+
+    assert move_threshold(8192, 1024, 1024) == 8192  # SmolLM2, sink 4 + recent 1020, passes of 1,024
+    assert move_threshold(8192, 1024, 1) == 8192
+    assert move_threshold(8192, 8192, 1024) == 3 * (8192 + 1024)  # a cache as long as the trained length
