@@ -32,7 +32,7 @@ def conversation(turns: int) -> list[tuple[str, str | None]]:
     out = []
     for i in range(turns // 2):
         word = WORDS[i % len(WORDS)]
-        out.append((f"{PAGE * 10}The code word of this message is {word}. Reply with OK.", None))
+        out.append((f"{PAGE * 12}The code word of this message is {word}. Reply with OK.", None))
         out.append(("What was the code word of my previous message? Answer with the word only.", word))
     return out
 
