@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Annotated
 
@@ -109,16 +110,15 @@ def stream(
             time_limit=time_limit,
         )
         stream_plans(config, model_config, loaded)  # what a row cannot run is refused before the weights load
-        tape = TokenTape(ref.load_tokenizer(), text_pieces(text), config.tokens)
-        first = len(tape.take(config.bucket))  # before the weights load: a text shorter than one bucket is refused
-        if first < config.bucket:
-            raise ValueError(
-                f"the text holds {first:,} tokens, less than one bucket ({config.bucket:,}): give more text"
-            )
-        lm = ref.load_model()
-        with stderr_progress("stream") as progress:
-            results = evaluate_stream(lm, tape, config, loaded, progress)
-        tape.close()
+        with contextlib.closing(TokenTape(ref.load_tokenizer(), text_pieces(text), config.tokens)) as tape:
+            first = len(tape.take(config.bucket))  # before the weights load: a text shorter than a bucket is refused
+            if first < config.bucket:
+                raise ValueError(
+                    f"the text holds {first:,} tokens, less than one bucket ({config.bucket:,}): give more text"
+                )
+            lm = ref.load_model()
+            with stderr_progress("stream") as progress:
+                results = evaluate_stream(lm, tape, config, loaded, progress)
         document = json.dumps(rows_to_dict(results, config, trained), indent=2)
         if json_path and not to_stdout:
             write_atomic(json_path, document + "\n")
