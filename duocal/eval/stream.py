@@ -179,6 +179,16 @@ class RowStream:
         held = cache_bytes(self.cache)
         return self.seen > 0 and held + held / self.seen * self.config.chunk > limit
 
+    def past_limits(self, started: float) -> str | None:
+        """Why a row with full heads stops before its next chunk (its KV bytes, its time), or None."""
+        config = self.config
+        if self.grows_past(config.full_kv_limit):
+            limit = f"{config.full_kv_limit / 2**30:g} GiB"
+            return f"stopped at {self.seen:,} tokens: its KV cache would pass --full-kv-limit ({limit})"
+        if config.time_limit and self.seen and time.perf_counter() - started > config.time_limit:
+            return f"stopped at {self.seen:,} tokens: it ran past --time-limit ({config.time_limit:g} s)"
+        return None
+
     def close(self) -> None:
         if self.runtime is not None:
             self.runtime.remove()
@@ -206,21 +216,8 @@ def stream_row(
             loss, count, began = 0.0, 0, time.perf_counter()
             index, bucket_ids = start // config.bucket, list(before) if start // config.bucket in keep else None
             while stream.seen < start + config.bucket:
-                if not bounded and stream.grows_past(config.full_kv_limit):
-                    row.stopped = (
-                        f"stopped at {stream.seen:,} tokens: its KV cache would pass --full-kv-limit "
-                        f"({config.full_kv_limit / 2**30:g} GiB)"
-                    )
-                    return row, kept
-                if (
-                    not bounded
-                    and config.time_limit
-                    and stream.seen
-                    and time.perf_counter() - started > config.time_limit
-                ):
-                    row.stopped = (
-                        f"stopped at {stream.seen:,} tokens: it ran past --time-limit ({config.time_limit:g} s)"
-                    )
+                row.stopped = None if bounded else stream.past_limits(started)
+                if row.stopped:
                     return row, kept
                 ids = tape.take(config.chunk)
                 if not ids:
