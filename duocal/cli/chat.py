@@ -58,6 +58,7 @@ def chat_command(
     from duocal.chat.session import ChatSession, streaming_plan
     from duocal.models import ModelRef
     from duocal_runtime.files.regular_files import check_regular
+    from duocal_runtime.hf.apply import trained_positions
     from duocal_runtime.planning.sizes import human_bytes
 
     with user_errors():
@@ -82,7 +83,7 @@ def chat_command(
             loaded = dr.load_profile(chosen)
             loaded.check_compatible(config)
             plan = dr.plan(loaded, sparsity=sparsity, sink=sink, recent=recent, positions=positions)
-        trained = getattr(config, "max_position_embeddings", None) or 4096
+        trained = trained_positions(config)
         runtime = dr.apply(ref.load_model(), plan)
         session = ChatSession(runtime.model, tokenizer, runtime, trained, max_new_tokens, system)
     sampling = {"temperature": temperature} if temperature > 0 else {}

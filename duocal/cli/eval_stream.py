@@ -83,6 +83,7 @@ def stream(
     from duocal.eval.stream_text import TokenTape, text_pieces
     from duocal_runtime.files.atomic import write_atomic
     from duocal_runtime.files.output_paths import check_output
+    from duocal_runtime.hf.apply import trained_positions
 
     to_stdout = json_path == "-"
     with user_errors(), json_only_stdout(to_stdout):
@@ -91,7 +92,7 @@ def stream(
                 check_output(path, what, suffixes=suffixes)
         ref, loaded = model_and_profile(model, profile)
         model_config = ref.load_config()
-        trained = getattr(model_config, "max_position_embeddings", None) or 4096
+        trained = trained_positions(model_config)
         bucket = bucket if bucket is not None else max(chunk, trained // chunk * chunk)
         chosen = tuple(split(rows, str, "rows")) if rows else tuple(r for r in STREAM_ROWS if r != "duo" or loaded)
         config = StreamConfig(

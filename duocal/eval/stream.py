@@ -19,6 +19,8 @@ as a fresh stream does.
 from __future__ import annotations
 
 import math
+import os
+import resource
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +30,7 @@ import torch
 import duocal_runtime as dr
 from duocal.eval.row_kinds import Progress
 from duocal.eval.stream_text import TokenTape
+from duocal_runtime.quant.hf_baselines import cache_bytes as transformers_cache_bytes
 
 STREAM_ROWS = ("full", "streaming-original", "streaming", "duo")
 DEFAULT_SINK, DEFAULT_RECENT = 4, 1020  # StreamingLLM's 4 sinks; a 1k cache
@@ -74,10 +77,6 @@ class StreamConfig:
                 f"--fresh-checks must be between 0 and the buckets after the first ({self.tokens // self.bucket - 1})"
             )
 
-    @property
-    def sink_window(self) -> dr.SinkWindow:
-        return dr.SinkWindow(self.sink, self.recent)
-
 
 @dataclass
 class Bucket:
@@ -110,19 +109,14 @@ def resident_bytes() -> int:
     """This process's resident memory now (Linux /proc; else the peak so far)."""
     try:
         with open("/proc/self/statm") as handle:
-            import os
-
             return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
-        import resource
-
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def cache_bytes(cache) -> int:
-    if hasattr(cache, "kv_bytes"):
-        return cache.kv_bytes()
-    return sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values) if t is not None)
+    """KV bytes a row's cache holds: a DuoCache's own count, or transformers' cache's tensors."""
+    return cache.kv_bytes() if hasattr(cache, "kv_bytes") else transformers_cache_bytes(cache)
 
 
 def row_plan(name: str, config: StreamConfig, shape: dr.ModelShape, profile: dr.Profile | None) -> dr.Plan | None:
@@ -334,10 +328,6 @@ def evaluate_stream(
         if hasattr(progress, "row"):
             progress.row(f"{name}: {len(row.buckets)} buckets" + (f"; {row.stopped}" if row.stopped else ""))
     return rows
-
-
-def trained_length(model) -> int | None:
-    return getattr(model.config, "max_position_embeddings", None)
 
 
 def rows_to_dict(rows: Sequence[StreamRow], config: StreamConfig, trained: int | None) -> dict:

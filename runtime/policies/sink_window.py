@@ -111,7 +111,9 @@ class SinkWindowGroup(HeadGroup):
 
     def shift_positions(self, delta: torch.Tensor, rotation) -> None:
         """The stream's position base moved up by delta [B]: window keys move back with it (sinks stay)."""
-        if self.k is not None and self.policy.cache_positions:
+        if not self.policy.cache_positions:
+            super().shift_positions(delta, rotation)  # refused: original positions cannot move
+        if self.k is not None:
             shift_recent_keys(self.k, self.rank, self.policy.sink, delta, rotation)
 
     def _insert_one(self, k, v, rank):  # k [B, G, 1, D], rank [B]
