@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from duocal.data.chat_prompts import FRAMINGS
+from duocal.data.needle_values import VALUE_KINDS
 from duocal.reports.progress import stderr_progress
 from duocal.tuning.tune_data import PASSKEY_HAYSTACKS, TUNE_SEED, passkey_data, read_data
 from duocal.tuning.tune_rule import DEFAULT_MAX_MISS, DEFAULT_TOLERANCE, Rule
@@ -17,9 +19,10 @@ from .eval import PLOT_FORMATS
 from .options import JsonOpt, json_only_stdout, split
 from .user_errors import user_errors
 
-DEFAULT_SPARSITIES = "0.25,0.5,0.625,0.75,0.875"
+DEFAULT_SPARSITIES = "0.5,0.625,0.75,0.875,0.9375"
 DEFAULT_CONTEXT = 1536
-DEFAULT_SAMPLES = 16
+DEFAULT_SAMPLES = 12
+DEFAULT_CONFIRM_SAMPLES = 8
 
 TUNE_EPILOG = """Examples:
 
@@ -62,13 +65,24 @@ def tune_command(
         int,
         typer.Option(help="Tokens KV memory is reported at; also the passkey prompts' and text windows' length."),
     ] = DEFAULT_CONTEXT,
-    samples: Annotated[int, typer.Option(help="Passkey prompts, or the most text windows.")] = DEFAULT_SAMPLES,
+    samples: Annotated[
+        int, typer.Option(help="Passkey prompts the choice is measured on (text: the most windows, with the next).")
+    ] = DEFAULT_SAMPLES,
+    confirm_samples: Annotated[
+        int, typer.Option(help="Passkey prompts the choice is confirmed on, other keys at 0.75x and 1.5x --context.")
+    ] = DEFAULT_CONFIRM_SAMPLES,
     seed: Annotated[
         int, typer.Option(help="The passkey prompts' seed (another seed: held-out prompts to check a choice on).")
     ] = TUNE_SEED,
     haystack: Annotated[
-        str, typer.Option(help="The passkey prompts' haystacks, prompts alternating: repeated, text or both.")
+        str, typer.Option(help="The passkey prompts' haystacks, mixed: repeated, text or both.")
     ] = ",".join(PASSKEY_HAYSTACKS),
+    values: Annotated[
+        str, typer.Option(help="The passkey prompts' values, mixed: number, word, uuid (any of them).")
+    ] = ",".join(VALUE_KINDS),
+    framing: Annotated[
+        str, typer.Option(help="The passkey prompts' framings, mixed: chat (the chat template), plain or both.")
+    ] = ",".join(FRAMINGS),
     plot: Annotated[Path | None, typer.Option(help="Write the curve as a plot (.png, .pdf or .svg).")] = None,
     as_json: JsonOpt = False,
 ):
@@ -84,33 +98,45 @@ def tune_command(
             check_output(plot, "--plot", suffixes=PLOT_FORMATS)
         rule = Rule(tolerance, max_miss)
         measured = checked_sparsities(sparsities)
-        if context < 2 or samples < 1:
-            raise ValueError(f"--context must be at least 2 tokens and --samples at least 1, got {context}, {samples}")
-        if data is not None and (seed != TUNE_SEED or haystack != ",".join(PASSKEY_HAYSTACKS)):
-            raise ValueError("--seed and --haystack choose the generated passkey prompts: leave them out with --data")
-        haystacks = tuple(h.strip() for h in haystack.split(","))
-        chosen_data = passkey_data(samples, context, seed, haystacks) if data is None else read_data(data)
+        if context < 2 or samples < 1 or confirm_samples < 1:
+            raise ValueError(
+                "--context must be at least 2 tokens, --samples and --confirm-samples at least 1, "
+                f"got {context}, {samples}, {confirm_samples}"
+            )
+        prompt_choices = {"--seed": (seed, TUNE_SEED), "--haystack": (haystack, ",".join(PASSKEY_HAYSTACKS))}
+        prompt_choices |= {"--values": (values, ",".join(VALUE_KINDS)), "--framing": (framing, ",".join(FRAMINGS))}
+        given = [option for option, (value, default) in prompt_choices.items() if value != default]
+        if data is not None and given:
+            raise ValueError(f"{', '.join(given)} choose the generated passkey prompts: leave them out with --data")
+        chosen_data = (
+            passkey_data(samples, context, seed, listed(haystack), listed(values), listed(framing))
+            if data is None
+            else read_data(data)
+        )
     import duocal_runtime as dr
     from duocal.models import ModelRef
     from duocal.reports.tune_report import plot_tune_curve, render_tune_table
     from duocal.reports.tuned_record import TUNED
     from duocal.tuning.tune_curve import measure_curve, tokenized
     from duocal.tuning.tune_record import tune_record, tuned_profile
-    from duocal.tuning.tune_rule import choose
+    from duocal.tuning.tune_rule import choose, to_confirm
 
     with user_errors(), json_only_stdout(as_json):
         ref = ModelRef.resolve(model)
         loaded = input_profile(dr, ref, profile)
         model_config = ref.load_config()
         loaded.check_compatible(model_config)
-        work = tokenized(chosen_data, ref.load_tokenizer(), model_config, samples, context)  # before the weights
-        lm = ref.load_model()
+        tokenizer = ref.load_tokenizer()
+        work, confirming = tokenized(chosen_data, tokenizer, model_config, samples, context, confirm_samples)
+        lm = ref.load_model()  # after every refusal
         with stderr_progress("tune") as progress:
-            points = measure_curve(lm, loaded, work, measured, context, progress)
+            points = measure_curve(lm, loaded, work, measured, context, progress, "measuring set: ")
+            pick = to_confirm(measured, choose(points, rule))
+            confirmed = (
+                measure_curve(lm, loaded, confirming, pick, context, progress, "confirming set: ") if pick else None
+            )
         dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
-        tuned = tuned_profile(
-            loaded, tune_record(chosen_data, rule, points, choose(points, rule), context, dtype, ref.name)
-        )
+        tuned = tuned_profile(loaded, tune_record(chosen_data, rule, points, confirmed, context, dtype, ref.name))
         record = tuned.source[TUNED]  # with the digest of what it describes
         dr.save_profile(tuned, output)
     if as_json:
@@ -143,6 +169,10 @@ def check_distinct_files(paths: dict[str, Path | None]) -> None:
                 "the other; give different paths"
             )
         seen[key] = option
+
+
+def listed(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(","))
 
 
 def checked_sparsities(text: str) -> tuple[float, ...]:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from duocal.data.chat_prompts import README_FRAMING, TEXT_FRAMING, ChatPrompt, chat_ids
+from duocal.data.chat_prompts import README_FRAMING, TEXT_FRAMING, ChatPrompt, chat_ids, prompt_ids
 
 ANSWER = "The pass key is {key}."
+PLAIN_ANSWER = " {key}."  # after the plain framing's cue, "The pass key is"
 
 
 @dataclass(frozen=True)
@@ -59,3 +60,13 @@ def token_span(tokenizer, rendered: str, ids: list[int], chars: tuple[int, int])
         )
     inside = [i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a < chars[1] and b > chars[0]]
     return inside[0], inside[-1] + 1
+
+
+def prompt_and_answer(tokenizer, prompt: ChatPrompt) -> tuple[list[int], list[int]]:
+    """The prompt's tokens and its expected answer's: "The pass key is K." after the chat template, " K." after
+    the plain framing's cue."""
+    if prompt.framing == "chat":
+        sample = answered_chat(tokenizer, prompt)
+        return sample.ids[: sample.prompt_end], sample.ids[sample.prompt_end :]
+    answer = PLAIN_ANSWER.format(key=prompt.key)
+    return prompt_ids(tokenizer, prompt.text, "plain"), list(tokenizer(answer, add_special_tokens=False)["input_ids"])

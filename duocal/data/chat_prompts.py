@@ -1,4 +1,4 @@
-"""Chat prompts with a pass key hidden in a haystack, the question after it (README's quick-start prompt).
+"""Prompts with a pass key hidden in a haystack, the question after it (README's quick-start prompt).
 
 A prompt is an instruction, haystack sentences, the key sentence at a depth (0: right after the
 instruction, 1: right before the question), more haystack, then the question, all in one user turn
@@ -7,6 +7,10 @@ prompt of the regression test (the key a paragraph of its own) for a real text. 
 cut into sentences so no word is split: `repeated` (the passkey task's five sentences, as in
 README) or the sentences of a text file. With 125 repeated sentences on each side it is exactly
 README's prompt.
+
+The key is a five-digit number by default; a word pair or a UUID on request (`values`,
+duocal/data/needle_values.py). The framing is the model's chat template (`chat`, the default) or the
+plain text ending in the answer's cue "The pass key is" (`plain`, as the calibration data and RULER ask).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from importlib import resources
 from pathlib import Path
 
 from duocal.data.haystack import REPEATED_FILLER
+from duocal.data.needle_values import NUMBER, draw_value
 from duocal_runtime.files.regular_files import read_text
 
 HAYSTACK_TEXT = "gpl-3.0.txt"  # `text`: the GPL-3.0 text in duocal/assets/texts
 CHAT_HAYSTACKS = ("repeated", "text")  # or a plain-text file
-KEY_RANGE = (10000, 99999)  # five-digit keys, as README's 71432
+FRAMINGS = ("chat", "plain")  # the model's chat template, or the plain text ending in PLAIN_CUE
+PLAIN_CUE = "\nThe pass key is"
 CHAT_DEPTHS = (0.25, 0.5, 0.75)  # where the key sits in the haystack (0: its start, 1: its end), in turn
 
 
@@ -30,10 +36,11 @@ CHAT_DEPTHS = (0.25, 0.5, 0.75)  # where the key sits in the haystack (0: its st
 class ChatPrompt:
     """One question: its key, where the key sits (0..1 of the haystack) and the user turn's text."""
 
-    key: int
+    key: int | str  # a five-digit number, a word pair or a UUID (needle_values.py)
     depth: float
     text: str
     haystack: str = "readme"
+    framing: str = "chat"  # or "plain": `text` then PLAIN_CUE, no chat template
 
 
 @dataclass(frozen=True)
@@ -110,9 +117,17 @@ def depth_cut(sentences: list[str], depth: float) -> int:
 
 
 def fitted_prompt(
-    tokenizer, pool: list[str], cycle: bool, context: int, key: int, depth: float, framing: Framing = README_FRAMING
+    tokenizer,
+    pool: list[str],
+    cycle: bool,
+    context: int,
+    key: int | str,
+    depth: float,
+    framing: Framing = README_FRAMING,
+    template: str = "chat",
 ) -> str:
-    """The longest prompt of at most `context` chat tokens, the key after `depth` of its haystack's characters."""
+    """The longest prompt of at most `context` tokens in `template` (chat or plain), the key after `depth` of its
+    haystack's characters."""
 
     def text(count: int) -> str:
         used = sentences_of(pool, count, cycle)
@@ -120,12 +135,16 @@ def fitted_prompt(
         return document(used[:cut], used[cut:], key, framing)
 
     low, high = 0, len(pool) if not cycle else context  # a sentence is at least one token
-    if chat_length(tokenizer, text(0)) > context:
+
+    def length(content: str) -> int:
+        return len(prompt_ids(tokenizer, content, template))
+
+    if length(text(0)) > context:
         raise ValueError(f"context {context} is too short for the chat prompt's instruction and question")
     while low < high:  # the most sentences that fit
         middle = (low + high + 1) // 2
-        low, high = (middle, high) if chat_length(tokenizer, text(middle)) <= context else (low, middle - 1)
-    if not cycle and low == len(pool) and chat_length(tokenizer, text(low)) < context * 0.9:
+        low, high = (middle, high) if length(text(middle)) <= context else (low, middle - 1)
+    if not cycle and low == len(pool) and length(text(low)) < context * 0.9:
         raise ValueError(
             f"the haystack text is too short for {context} tokens; give a shorter context or a longer text"
         )
@@ -138,16 +157,19 @@ def chat_ids(tokenizer, content: str) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
-def chat_length(tokenizer, content: str) -> int:
-    return len(chat_ids(tokenizer, content))
+def prompt_ids(tokenizer, content: str, framing: str = "chat") -> list[int]:
+    """`content` as the model reads it: in its chat template (`chat_ids`) or as plain text ending in PLAIN_CUE."""
+    if framing == "chat":
+        return chat_ids(tokenizer, content)
+    if framing != "plain":
+        raise ValueError(f"a prompt's framing is one of {', '.join(FRAMINGS)}, got {framing!r}")
+    return list(tokenizer(content + PLAIN_CUE)["input_ids"])
 
 
-def check_chat_template(tokenizer) -> None:
-    """Raise `ValueError` when the tokenizer has no chat template to put the prompts in."""
+def check_chat_template(tokenizer, instead: str = "use --format digits") -> None:
+    """Raise `ValueError` when the tokenizer has no chat template to put the prompts in (`instead`: what to do)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(
-            "the chat format needs the model's chat template and this tokenizer has none; use --format digits"
-        )
+        raise ValueError(f"the chat format needs the model's chat template and this tokenizer has none; {instead}")
 
 
 def alternating(samples: int, haystacks: tuple) -> list[tuple[object, int]]:
@@ -158,15 +180,25 @@ def alternating(samples: int, haystacks: tuple) -> list[tuple[object, int]]:
 
 
 def chat_prompts(
-    tokenizer, context: int, samples: int, depths: tuple[float, ...], haystack: str | Path, seed: int
+    tokenizer,
+    context: int,
+    samples: int,
+    depths: tuple[float, ...],
+    haystack: str | Path,
+    seed: int,
+    values: str = NUMBER,
+    template: str = "chat",
 ) -> list[ChatPrompt]:
-    """`samples` prompts of at most `context` chat tokens: keys drawn from `seed`, depths in turn."""
+    """`samples` prompts of at most `context` tokens in `template` (chat or plain): keys of kind `values` drawn
+    from `seed` (numbers in chat: the draws of every earlier release), depths in turn."""
     name, pool = haystack_sentences(haystack)
     framing = README_FRAMING if name == "repeated" else TEXT_FRAMING
-    draw = random.Random(f"duocal-chat-passkey:{seed}")
+    salt = "" if (values, template) == (NUMBER, "chat") else f":{values}:{template}"
+    draw = random.Random(f"duocal-chat-passkey:{seed}{salt}")
     out = []
     for i in range(samples):
-        key, depth = draw.randint(*KEY_RANGE), depths[i % len(depths)]
-        text = fitted_prompt(tokenizer, pool, name == "repeated", context, key, depth, framing)
-        out.append(ChatPrompt(key, depth, text, name))
+        value, depth = draw_value(values, draw), depths[i % len(depths)]
+        key = int(value) if values == NUMBER else value
+        text = fitted_prompt(tokenizer, pool, name == "repeated", context, key, depth, framing, template)
+        out.append(ChatPrompt(key, depth, text, name, template))
     return out

@@ -26,6 +26,7 @@ from duocal.data.chat_prompts import (
     document,
     haystack_sentences,
 )
+from duocal.data.needle_values import NUMBER, first_value, kind_of
 from duocal.data.padding import pad_batch, pad_token_id
 
 KEYS = (71432, 71433, 71434, 71435, 28519, 60387, 93146, 45270)
@@ -68,22 +69,28 @@ class ChatAnswer:
     """A greedy answer to one prompt (named by its haystack) and key, and how it scores."""
 
     prompt: str
-    key: int
+    key: int | str  # a number, a word pair or a UUID (duocal/data/needle_values.py)
     text: str
 
     @property
-    def first_number(self) -> int | None:
-        found = re.search(r"\d+", self.text)
-        return int(found.group()) if found else None
+    def given(self) -> re.Match | None:
+        """The first span of the key's shape in the answer (its first number, for a number)."""
+        return first_value(kind_of(self.key), self.text)
 
     @property
     def exact(self) -> bool:
-        return self.first_number == self.key
+        found = self.given
+        if found is None:
+            return False
+        if kind_of(self.key) == NUMBER:
+            return int(found.group()) == int(self.key)
+        return found.group() == str(self.key).lower()
 
     @property
     def clean(self) -> bool:
-        """No phrase of PHRASE_WORDS words twice before the first number (the whole answer without one)."""
-        found = re.search(r"\d", self.text)
+        """No phrase of PHRASE_WORDS words twice before the first span of the key's shape (without one: before the
+        first digit, else in the whole answer)."""
+        found = self.given or re.search(r"\d", self.text)
         return not repeats_a_phrase(self.text[: found.start()] if found else self.text)
 
 

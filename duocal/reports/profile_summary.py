@@ -117,10 +117,14 @@ def tuned_summary(profile: dr.Profile) -> dict[str, Any] | None:
     record, state = tuned_state(profile)
     if record is None:
         return None if state is None else {"state": state}
-    keys = ("at", "data", "context", "dtype", "rule", "chosen_sparsity")
+    keys = ("at", "data", "context", "dtype", "rule", "measured_pick", "chosen_sparsity", "margin")
     columns = ("sparsity", "fraction_of_full", "loss", "exact", "lost", "total")
-    table = [{k: p.get(k) for k in columns} for p in record["table"]]
-    return {"state": state, **{k: record.get(k) for k in keys}, "table": table}
+    summary = {"state": state, **{k: record.get(k) for k in keys}}
+    summary["table"] = [{k: p.get(k) for k in columns} for p in record["table"]]
+    if record.get("confirmation"):
+        rows = [{k: p.get(k) for k in columns} for p in record["confirmation"]["table"]]
+        summary["confirmation"] = {"data": record["confirmation"]["data"], "table": rows}
+    return summary
 
 
 def policy_text(policy: dict[str, Any] | None) -> str:
@@ -195,7 +199,19 @@ def render_tuned(t: dict[str, Any], console: Console) -> None:
             "deploy settings cannot be detected"
         )
     console.print(f"  rule: {escape(str((t.get('rule') or {}).get('text')))}")
-    for p in t["table"]:
+    render_tuned_rows(t["table"], console)
+    confirmation = t.get("confirmation")
+    if confirmation and confirmation["table"]:
+        pick = t.get("measured_pick")
+        console.print(
+            f"  the measuring set's pick {pick if pick is None else format(pick, 'g')}, confirmed on "
+            f"{escape(str(confirmation['data'].get('name')))} ({confirmation['data'].get('items')} items):"
+        )
+        render_tuned_rows(confirmation["table"], console)
+
+
+def render_tuned_rows(rows: list[dict[str, Any]], console: Console) -> None:
+    for p in rows:
         exact = "" if p.get("exact") is None else f", exact {p['exact']}/{p['total']}"
         exact += "" if p.get("lost") is None else f", lost {p['lost']} of full attention's"
         loss = finite_text(p["loss"], "{:.4f}")

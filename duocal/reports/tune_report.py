@@ -22,19 +22,34 @@ def loss_label(record: dict[str, Any]) -> str:
 
 
 def render_tune_table(record: dict[str, Any], console: Console | None = None) -> None:
-    """The measured table of a `duocal tune` record, the chosen row marked, and the rule."""
+    """The tables of a `duocal tune` record (the measuring set's, and the confirming set's where the record has
+    one), the chosen row marked, the rule and the margin."""
     console = console or table_console()
-    data, table_rows = record["data"], record["table"]
-    full = next(p for p in table_rows if p["sparsity"] == 0)
-    table = Table(
-        title=f"{escape(record['model'])} on {escape(data['name'])} ({data['items']} items), KV at "
-        f"{record['context']} tokens ({record['dtype']})",
-        show_edge=False,
-        box=simple_head_box(console),
+    data = record["data"]
+    title = (
+        f"{escape(record['model'])} on {escape(data['name'])} ({data['items']} items), KV at "
+        f"{record['context']} tokens ({record['dtype']})"
     )
+    console.print(curve_table(console, record, title, record["table"]))
+    confirmation = record.get("confirmation")
+    if confirmation and confirmation["table"]:
+        name = f"confirmed on {escape(confirmation['data']['name'])} ({confirmation['data']['items']} items)"
+        console.print(curve_table(console, record, name, confirmation["table"]))
+    console.print(f"rule: {escape(record['rule']['text'])}")
+    if "measured_pick" in record:
+        console.print(f"the measuring set's pick: {record['measured_pick']:g}")
+    console.print(f"chosen sparsity: {record['chosen_sparsity']:g}")
+    if record.get("margin"):
+        console.print(scored_line(record))
+        console.print(margin_line(record))
+
+
+def curve_table(console: Console, record: dict[str, Any], title: str, rows: list[dict[str, Any]]) -> Table:
+    full = next(p for p in rows if p["sparsity"] == 0)
+    table = Table(title=title, show_edge=False, box=simple_head_box(console))
     for name in ("sparsity", "KV bytes", "of full", loss_label(record), "vs full", "exact", "lost", ""):
         table.add_column(name, justify="left" if not name else "right")
-    for p in table_rows:
+    for p in rows:
         exact = "" if p["exact"] is None else f"{p['exact']}/{p['total']}"
         lost = "" if p.get("lost") is None else f"{p['lost']}/{full['exact']}"
         mark = "chosen" if p["sparsity"] == record["chosen_sparsity"] else ""
@@ -48,9 +63,31 @@ def render_tune_table(record: dict[str, Any], console: Console | None = None) ->
             lost,
             mark,
         )
-    console.print(table)
-    console.print(f"rule: {escape(record['rule']['text'])}")
-    console.print(f"chosen sparsity: {record['chosen_sparsity']:g}")
+    return table
+
+
+def scored_line(record: dict[str, Any]) -> str:
+    """How many prompts each set scored, and how many of them full attention answers right."""
+    sets = [("measuring", record["table"]), ("confirming", record["confirmation"]["table"])]
+    parts = []
+    for name, rows in sets:
+        if rows:
+            full = next(p for p in rows if p["sparsity"] == 0)
+            right = "" if full["exact"] is None else f", full attention right on {full['exact']}"
+            parts.append(f"{name} set {full['total']} items{right}")
+    return "scored: " + "; ".join(parts)
+
+
+def margin_line(record: dict[str, Any]) -> str:
+    """How far the chosen sparsity stays inside the rule on each set: nats, and answers it may still lose."""
+    parts = []
+    for name, margin in record["margin"].items():
+        if margin is None:
+            continue
+        nats = "not finite" if margin["loss_nats"] is None else f"{margin['loss_nats']:.4f} nats"
+        answers = "" if margin["answers"] is None else f", {margin['answers']} answers"
+        parts.append(f"{name} set {nats}{answers}")
+    return f"margin at {record['chosen_sparsity']:g}: " + "; ".join(parts)
 
 
 def finite_text(value: float | None, form: str) -> str:

@@ -47,14 +47,26 @@ def tuned_state(profile) -> tuple[dict[str, Any] | None, str | None]:
 
 def readable(record: Any) -> bool:
     """A record `profiles show` can print: a number `chosen_sparsity`, rows with number `sparsity` and
-    `fraction_of_full` and a number or null `loss`, `data` and `rule` objects where given."""
+    `fraction_of_full` and a number or null `loss` (the confirming set's too, where given), `data`, `rule` and
+    `margin` objects where given."""
     return (
         isinstance(record, dict)
         and _number(record.get("chosen_sparsity"))
         and isinstance(record.get("table"), list)
         and all(_readable_row(row) for row in record["table"])
-        and all(record.get(key) is None or isinstance(record[key], dict) for key in ("data", "rule"))
+        and all(record.get(key) is None or isinstance(record[key], dict) for key in ("data", "rule", "margin"))
         and isinstance(record.get(DIGEST, ""), str)
+        and _readable_confirmation(record.get("confirmation"))
+    )
+
+
+def _readable_confirmation(confirmation: Any) -> bool:
+    """None (a record from before the confirming set), or its data and rows."""
+    return confirmation is None or (
+        isinstance(confirmation, dict)
+        and isinstance(confirmation.get("data"), dict)
+        and isinstance(confirmation.get("table"), list)
+        and all(_readable_row(row) for row in confirmation["table"])
     )
 
 

@@ -36,23 +36,16 @@ from dataclasses import dataclass
 import torch
 
 import duocal_runtime as dr
-from duocal.data.chat_answers import answered_chat
-from duocal.data.chat_prompts import CHAT_DEPTHS, alternating, chat_prompts, check_chat_template
+from duocal.data.chat_prompts import check_chat_template
 from duocal.eval.chat_passkey import NEW_TOKENS, ChatAnswer
 from duocal.eval.perplexity import PerplexityConfig, plan_ppl, text_windows
 from duocal.eval.protocols import greedy
 from duocal.eval.row_kinds import Progress, refuse_beyond_positions
 from duocal_runtime.hf.cache import full_attention_kv
 
-from .tune_data import PASSKEY_HAYSTACKS, SHORT_ANSWER_TOKENS, TUNE_SEED, TuneData
+from .tune_data import SHORT_ANSWER_TOKENS, Conversation, TuneData, split_sets
+from .tune_prompts import CONFIRM_LENGTHS, AnsweredPrompt, mixed_prompts, needs_template, prompt_mix
 from .tune_rule import CurvePoint
-
-
-@dataclass(frozen=True)
-class AnsweredPrompt:
-    prompt: list[int]  # the conversation in the chat template, the assistant's turn opened
-    answer: list[int]  # the expected answer's tokens
-    key: int | None = None  # passkey prompts: scored by the free greedy answer's first number
 
 
 @dataclass(frozen=True)
@@ -69,38 +62,42 @@ class TuneWork:
         return len(self.prompts) or len(self.text_windows)
 
 
-def tokenized(data: TuneData, tokenizer, model_config, samples: int, context: int) -> TuneWork:
-    """`data` as token ids, refused (before the weights load) when it does not fit the model."""
+def tokenized(
+    data: TuneData, tokenizer, model_config, samples: int, context: int, confirm_samples: int
+) -> tuple[TuneWork, TuneWork]:
+    """`data` as token ids in two sets, the measuring set and the confirming set (tune_data.py), refused (before
+    the weights load) when it does not fit the model or is too small to split."""
     if data.kind == "text":
-        taken = text_windows(tokenizer, data.text, context, samples)
+        taken = text_windows(tokenizer, data.text, context, samples + confirm_samples)
         refuse_beyond_positions([context], model_config, "give a smaller --context")
-        return TuneWork(text_windows=tuple(taken), scored=context // 2)
-    check_chat_template(tokenizer)
+        sets = split_sets(tuple(taken), "text", data.name)
+        return tuple(TuneWork(text_windows=windows, scored=context // 2) for windows in sets)
     if data.kind == "passkey":
-        prompts = passkey_prompts(tokenizer, samples, context, data.seed, data.haystacks)
+        mix = prompt_mix(data.values, data.framings, data.haystacks)
+        if needs_template(mix):
+            check_chat_template(tokenizer, "give --framing plain, or --data")
+        sets = (
+            mixed_prompts(tokenizer, samples, context, data.seed, mix),
+            mixed_prompts(tokenizer, confirm_samples, context, f"{data.seed}:confirm", mix, CONFIRM_LENGTHS),
+        )
     else:
-        prompts = chat_rows(data, tokenizer)
-    longest = max(len(p.prompt) + max(len(p.answer), NEW_TOKENS) for p in prompts)
+        halves = split_sets(data.conversations, "chat", data.name)
+        check_chat_template(tokenizer, "give a .txt file as --data (perplexity)")
+        sets = tuple(chat_rows(half, tokenizer) for half in halves)
+    longest = max(len(p.prompt) + answer_room(p) for prompts in sets for p in prompts)
     refuse_beyond_positions([longest], model_config, "give shorter conversations or a smaller --context")
     decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
-    return TuneWork(prompts=tuple(prompts), decode=decode)
+    return tuple(TuneWork(prompts=tuple(prompts), decode=decode) for prompts in sets)
 
 
-def passkey_prompts(
-    tokenizer, samples: int, context: int, seed: int = TUNE_SEED, haystacks: tuple[str, ...] = PASSKEY_HAYSTACKS
-) -> list[AnsweredPrompt]:
-    """`samples` chat passkey prompts of at most `context` tokens, alternating between the haystacks."""
+def answer_room(item: AnsweredPrompt) -> int:
+    """Tokens a prompt's answer may take: the expected one, or a free answer a little longer than it."""
+    return max(len(item.answer) + 4, NEW_TOKENS)
+
+
+def chat_rows(conversations: tuple[Conversation, ...], tokenizer) -> list[AnsweredPrompt]:
     out = []
-    for haystack, count in alternating(samples, haystacks):
-        for prompt in chat_prompts(tokenizer, context, count, CHAT_DEPTHS, haystack, seed):
-            sample = answered_chat(tokenizer, prompt)
-            out.append(AnsweredPrompt(sample.ids[: sample.prompt_end], sample.ids[sample.prompt_end :], prompt.key))
-    return out
-
-
-def chat_rows(data: TuneData, tokenizer) -> list[AnsweredPrompt]:
-    out = []
-    for c in data.conversations:
+    for c in conversations:
         encoded = tokenizer.apply_chat_template(list(c.messages), add_generation_prompt=True, return_dict=True)
         answer = list(tokenizer(c.answer, add_special_tokens=False)["input_ids"])
         out.append(AnsweredPrompt(list(encoded["input_ids"]), answer))
@@ -158,7 +155,7 @@ def answer_scores(
         and teacher_forced(model, copy.deepcopy(free), item.prompt[-1], known)[1]
     ):
         return loss, True, known  # greedy decoding would say full attention's right answer
-    said = greedy(model, item.prompt, free, NEW_TOKENS)
+    said = greedy(model, item.prompt, free, answer_room(item))
     answered = ChatAnswer("tune", item.key, work.decode(list(said)).strip())
     right = answered.exact and answered.clean
     return loss, right, said if right else None
@@ -224,9 +221,16 @@ def lost_answers(full_attention: tuple[bool, ...], answered: tuple[bool, ...]) -
 
 
 def measure_curve(
-    model, profile: dr.Profile, work: TuneWork, sparsities: tuple[float, ...], context: int, progress: Progress
+    model,
+    profile: dr.Profile,
+    work: TuneWork,
+    sparsities: tuple[float, ...],
+    context: int,
+    progress: Progress,
+    label: str = "",
 ) -> list[CurvePoint]:
-    """Full attention (sparsity 0) and every sparsity of `sparsities`, on the same prompts or text windows."""
+    """Full attention (sparsity 0) and every sparsity of `sparsities`, on the same prompts or text windows
+    (`label`: which set, in the progress line)."""
     model.eval()
     wanted = sorted({0.0, *sparsities})
     plans = [dr.plan(profile, sparsity=s) for s in wanted]
@@ -238,12 +242,13 @@ def measure_curve(
         done += 1
         progress(done, total, what)
 
+    shared = f"{label}{SHARED_PREFIXES}"
     if work.prompts:
-        progress(done, total, SHARED_PREFIXES)
-    prefixes = shared_prefixes(model, work.prompts, plans, functools.partial(tick, SHARED_PREFIXES))
+        progress(done, total, shared)
+    prefixes = shared_prefixes(model, work.prompts, plans, functools.partial(tick, shared))
 
     for sparsity, plan in zip(wanted, plans, strict=True):
-        what = "full attention" if sparsity == 0 else f"sparsity {sparsity:g}"
+        what = label + ("full attention" if sparsity == 0 else f"sparsity {sparsity:g}")
         progress(done, total, what)
         tick_this = functools.partial(tick, what)
         full = points[0] if points else None  # sparsity 0 comes first

@@ -1,6 +1,10 @@
 """What `duocal tune` measures quality on: the user's chat conversations with expected answers (a JSONL
-file), a plain text (perplexity), or, without data, the chat-format passkey prompts the profiler uses
-(with a seed of their own: no key is shared with the profiler's or the evaluation's prompts).
+file), a plain text (perplexity), or, without data, passkey prompts of every kind of needle
+(tune_prompts.py; with a seed of their own: no key is shared with the profiler's or the evaluation's prompts).
+
+Every kind is measured on one set and confirmed on a second: the generated prompts' second set has other
+keys and lengths; a user's file is split item by item (odd items measure, even items confirm), so each set
+needs MIN_ITEMS_PER_SET items.
 
 A JSONL line is one conversation and the answer expected after it::
 
@@ -18,11 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from duocal.data.chat_prompts import FRAMINGS
+from duocal.data.needle_values import VALUE_KINDS
 from duocal_runtime.files.regular_files import read_text
 
 TUNE_SEED = 5151  # not the profiler's (4242) nor the evaluation's (7777)
-PASSKEY_HAYSTACKS = ("repeated", "text")  # the default prompts alternate between both chat haystacks
+PASSKEY_HAYSTACKS = ("repeated", "text")  # the default prompts mix both haystacks
 SHORT_ANSWER_TOKENS = 32  # exact match of the greedy answer is measured up to this many answer tokens
+MIN_ITEMS_PER_SET = {"chat": 8, "text": 2}  # conversations (1 in 8 lost is the rule), text windows
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,9 @@ class TuneData:
     conversations: tuple[Conversation, ...] = ()
     text: str = ""
     seed: int = TUNE_SEED  # passkey: the prompts' seed
-    haystacks: tuple[str, ...] = PASSKEY_HAYSTACKS  # passkey: prompts alternate between these
+    haystacks: tuple[str, ...] = PASSKEY_HAYSTACKS  # passkey: the kinds mix these haystacks,
+    values: tuple[str, ...] = VALUE_KINDS  # these values
+    framings: tuple[str, ...] = FRAMINGS  # and these framings
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "fingerprint": self.fingerprint}
@@ -53,19 +62,52 @@ def fingerprint(content: bytes) -> str:
 
 
 def passkey_data(
-    samples: int, context: int, seed: int = TUNE_SEED, haystacks: tuple[str, ...] = PASSKEY_HAYSTACKS
+    samples: int,
+    context: int,
+    seed: int = TUNE_SEED,
+    haystacks: tuple[str, ...] = PASSKEY_HAYSTACKS,
+    values: tuple[str, ...] = VALUE_KINDS,
+    framings: tuple[str, ...] = FRAMINGS,
 ) -> TuneData:
-    """The generated chat passkey prompts: `seed` and the chat haystacks they alternate between (checked)."""
-    bad = [h for h in haystacks if h not in PASSKEY_HAYSTACKS]
-    if bad or not haystacks or len(set(haystacks)) != len(haystacks):
-        raise ValueError(
-            f"--haystack takes {' and/or '.join(PASSKEY_HAYSTACKS)}, each once (e.g. repeated,text), "
-            f"got {','.join(haystacks) or 'none'}"
-        )
+    """The generated passkey prompts: `seed` and the haystacks, values and framings they mix (checked)."""
+    for option, given, allowed in (
+        ("--haystack", haystacks, PASSKEY_HAYSTACKS),
+        ("--values", values, VALUE_KINDS),
+        ("--framing", framings, FRAMINGS),
+    ):
+        check_choices(option, given, allowed)
     settings = {"seed": seed, "samples": samples, "context": context, "haystacks": haystacks}
-    name = f"chat passkey prompts (seed {seed}, haystacks {' and '.join(haystacks)})"
+    if (values, framings) != (VALUE_KINDS, FRAMINGS):
+        settings |= {"values": values, "framings": framings}
+    name = (
+        f"passkey prompts (seed {seed}; {' and '.join(values)} values; {' and '.join(framings)}; "
+        f"haystacks {' and '.join(haystacks)})"
+    )
     digest = fingerprint(json.dumps(settings, sort_keys=True).encode())
-    return TuneData("passkey", name, digest, seed=seed, haystacks=tuple(haystacks))
+    return TuneData("passkey", name, digest, seed=seed, haystacks=haystacks, values=values, framings=framings)
+
+
+def check_choices(option: str, given: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+    bad = [g for g in given if g not in allowed]
+    if bad or not given or len(set(given)) != len(given):
+        raise ValueError(
+            f"{option} takes {', '.join(allowed)}, each once (e.g. {','.join(allowed)}), "
+            f"got {','.join(given) or 'none'}"
+        )
+
+
+def split_sets(items: tuple, kind: str, source: str) -> tuple[tuple, tuple]:
+    """(measuring set, confirming set): odd and even items of a user's file; refused when a set would hold
+    fewer than MIN_ITEMS_PER_SET items."""
+    least = MIN_ITEMS_PER_SET[kind]
+    if len(items) < 2 * least:
+        what = "conversations" if kind == "chat" else "text windows of --context tokens"
+        raise ValueError(
+            f"--data {source} gives {len(items)} {what}; duocal tune measures on half and confirms the choice on "
+            f"the other half, so it needs at least {2 * least} (give more"
+            + (" text, a smaller --context or a larger --samples)" if kind == "text" else " conversations)")
+        )
+    return items[0::2], items[1::2]
 
 
 def read_data(path: Path) -> TuneData:

@@ -17,23 +17,50 @@ import duocal_runtime as dr
 from duocal.reports.tuned_record import DIGEST, TUNED, measured_digest
 
 from .tune_data import TuneData
-from .tune_rule import CurvePoint, Rule
+from .tune_prompts import CONFIRM_LENGTHS
+from .tune_rule import CurvePoint, Rule, choose, choose_confirmed, margin
 
 
 def tune_record(
-    data: TuneData, rule: Rule, points: list[CurvePoint], chosen: float, context: int, dtype: str, model: str
+    data: TuneData,
+    rule: Rule,
+    measured: list[CurvePoint],
+    confirmed: list[CurvePoint] | None,
+    context: int,
+    dtype: str,
+    model: str,
 ) -> dict[str, Any]:
+    """The measurement as the profile records it: both sets' tables, the measuring set's pick, the sparsity that
+    holds on both (`chosen_sparsity`, what deploys) and its margin on each set."""
+    chosen = choose_confirmed(measured, confirmed, rule)
     return {
         "by": "duocal tune",
         "at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "model": model,
-        "data": {**data.describe(), "items": points[0].total},
+        "data": {**data.describe(), "items": measured[0].total},
         "context": context,
         "dtype": dtype,
         "rule": rule.to_dict(),
+        "measured_pick": choose(measured, rule),
         "chosen_sparsity": chosen,
-        "table": [p.to_dict() for p in points],
+        "table": [p.to_dict() for p in measured],
+        "confirmation": {
+            "data": {"name": confirming_set(data), "items": confirmed[0].total if confirmed else 0},
+            "table": [p.to_dict() for p in confirmed or []],
+        },
+        "margin": {
+            "measuring": margin(measured, chosen, rule),
+            "confirming": margin(confirmed, chosen, rule) if confirmed else None,
+        },
     }
+
+
+def confirming_set(data: TuneData) -> str:
+    if data.kind == "passkey":
+        lengths = " and ".join(f"{x:g}x" for x in CONFIRM_LENGTHS)
+        return f"the same kinds of prompt, other keys (seed {data.seed}:confirm), at {lengths} --context"
+    items = "text windows" if data.kind == "text" else "conversations"
+    return f"the 2nd, 4th, ... {items} of {data.name} (the 1st, 3rd, ... measure)"
 
 
 def tuned_profile(profile: dr.Profile, record: dict[str, Any]) -> dr.Profile:

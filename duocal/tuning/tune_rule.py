@@ -9,6 +9,10 @@ full attention's quality).
 The chosen sparsity is the largest one that passes with every smaller measured sparsity passing too:
 a curve that breaks and recovers by chance does not lift the choice past the break. When none
 passes, the choice is 0 (every head full).
+
+Two sets: the pick on the measuring set is checked on a confirming set (other prompts) at the pick and every
+smaller sparsity, and the same rule applies there: a sparsity deploys only where it holds on both, so a hole
+below the pick on prompts the pick never saw drops it (`choose_confirmed`).
 """
 
 from __future__ import annotations
@@ -108,3 +112,37 @@ def full_point(points: list[CurvePoint]) -> CurvePoint:
     if not found:
         raise ValueError("the curve has no full-attention point (sparsity 0) to compare against")
     return found[0]
+
+
+def to_confirm(sparsities: tuple[float, ...], pick: float) -> tuple[float, ...]:
+    """The sparsities the confirming set measures: the pick and every smaller one (none when the pick is 0)."""
+    return tuple(sorted(s for s in sparsities if 0 < s <= pick))
+
+
+def choose_confirmed(measured: list[CurvePoint], confirmed: list[CurvePoint] | None, rule: Rule) -> float:
+    """The largest sparsity that passes on both sets, every smaller one passing too: the measuring set's pick,
+    dropped to where the confirming set (measured at the pick and below) still holds."""
+    pick = choose(measured, rule)
+    if pick == 0:
+        return 0.0
+    if confirmed is None:
+        raise ValueError(f"the pick {pick:g} has not been confirmed on a second set of prompts")
+    missing = sorted({*to_confirm(tuple(p.sparsity for p in measured), pick)} - {p.sparsity for p in confirmed})
+    if missing:
+        raise ValueError(f"the confirming set did not measure sparsity {missing[0]:g}, at or below the pick {pick:g}")
+    return choose([p for p in confirmed if p.sparsity <= pick], rule)
+
+
+def margin(points: list[CurvePoint], sparsity: float, rule: Rule) -> dict[str, Any] | None:
+    """How far `sparsity`'s point stays inside the rule: nats below the tolerance and answers below the most it
+    may lose (None: the set did not measure it)."""
+    full = full_point(points)
+    found = [p for p in points if p.sparsity == sparsity]
+    if not found:
+        return None
+    point = found[0]
+    answers = None
+    if point.lost is not None and full.exact is not None:
+        answers = rule.allowed_losses(full.exact) - point.lost
+    loss = rule.tolerance - (point.loss - full.loss)
+    return {"loss_nats": round(loss, 4) if math.isfinite(loss) else None, "answers": answers}

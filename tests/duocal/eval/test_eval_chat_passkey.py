@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from duocal.cli.app import app
-from duocal.data.chat_prompts import chat_length, chat_prompts, fitted_prompt, haystack_sentences
+from duocal.data.chat_prompts import chat_ids, chat_prompts, fitted_prompt, haystack_sentences
 from duocal.eval.chat_passkey import readme_prompt
 
 NAME = "smollm2-135m-instruct"
@@ -32,7 +32,7 @@ def test_prompts_fill_the_context_with_the_key_at_its_depth(smollm2_tokenizer, h
     assert len({p.key for p in prompts}) == 4 and all(10000 <= p.key <= 99999 for p in prompts)
     assert prompts == chat_prompts(smollm2_tokenizer, 1024, 4, (0.25, 0.75), haystack, seed=3)  # the seed decides
     for p in prompts:
-        assert 950 <= chat_length(smollm2_tokenizer, p.text) <= 1024  # as many whole sentences as fit
+        assert 950 <= len(chat_ids(smollm2_tokenizer, p.text)) <= 1024  # as many whole sentences as fit
         at = p.text.index(f"The pass key is {p.key}.")
         share = at / len(p.text)
         assert abs(share - p.depth) < (0.02 if haystack == "repeated" else 0.1), (share, p.depth)  # a sentence
@@ -44,7 +44,7 @@ def test_prompts_fill_the_context_with_the_key_at_its_depth(smollm2_tokenizer, h
 
 def test_readme_prompt_is_what_the_builder_makes_at_its_length(smollm2_tokenizer):
     _, pool = haystack_sentences("repeated")
-    length = chat_length(smollm2_tokenizer, readme_prompt(71432))
+    length = len(chat_ids(smollm2_tokenizer, readme_prompt(71432)))
     assert fitted_prompt(smollm2_tokenizer, pool, True, length, 71432, 0.5) == readme_prompt(71432)
 
 

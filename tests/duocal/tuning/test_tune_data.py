@@ -1,12 +1,16 @@
 """The tuning data is read and checked before any model loads: JSONL conversations with their answers, a
-text file, and every malformed file refused with the file, the line and what to do."""
+text file, and every malformed file refused with the file, the line and what to do; the generated prompts
+mix every kind of needle in both sets, the confirming set with other keys and lengths; a user's file too small
+to split in two sets is refused."""
 
 import json
 
 import pytest
 
-from duocal.tuning.tune_curve import passkey_prompts
-from duocal.tuning.tune_data import passkey_data, read_data
+from duocal.data.chat_prompts import FRAMINGS
+from duocal.data.needle_values import VALUE_KINDS, kind_of
+from duocal.tuning.tune_data import passkey_data, read_data, split_sets
+from duocal.tuning.tune_prompts import CONFIRM_LENGTHS, PromptKind, mixed_prompts, prompt_mix
 
 
 def write(tmp_path, name, text):
@@ -40,17 +44,55 @@ def test_the_default_prompts_are_fingerprinted_by_their_settings():
     held_out = passkey_data(16, 1536, seed=9191, haystacks=("text",))
     others = {passkey_data(16, 1536, seed=9191).fingerprint, passkey_data(16, 1536).fingerprint}
     assert held_out.fingerprint not in others
-    assert "seed 9191, haystacks text" in held_out.name
+    assert "seed 9191" in held_out.name and "haystacks text" in held_out.name
+    numbers = passkey_data(16, 1536, values=("number",), framings=("chat",))
+    assert numbers.fingerprint not in others and "number values; chat" in numbers.name
 
 
-def test_held_out_prompts_follow_the_seed_and_haystacks(smollm2_tokenizer):
-    default = passkey_prompts(smollm2_tokenizer, 4, 700)
-    held_out = passkey_prompts(smollm2_tokenizer, 4, 700, seed=9191, haystacks=("text",))
-    assert {p.key for p in default}.isdisjoint(p.key for p in held_out)
-    texts = [smollm2_tokenizer.decode(p.prompt) for p in held_out]
-    assert all("Read this text carefully" in t for t in texts) and len(texts) == 4
-    in_text = ["Read this text carefully" in smollm2_tokenizer.decode(p.prompt) for p in default]
-    assert in_text == [False, False, True, True]
+def test_the_mix_holds_every_kind_and_its_first_kinds_vary_all_three():
+    mix = prompt_mix(VALUE_KINDS, FRAMINGS, ("repeated", "text"))
+    assert len(mix) == len(set(mix)) == 12
+    assert mix[0] == PromptKind("number", "chat", "repeated")  # README's quick-start prompt comes first
+    first = mix[:4]
+    assert {k.values for k in first} == set(VALUE_KINDS) and {k.framing for k in first} == set(FRAMINGS)
+    assert {k.haystack for k in first} == {"repeated", "text"}
+    assert prompt_mix(("uuid",), ("plain",), ("text",)) == [PromptKind("uuid", "plain", "text")]
+    assert len(prompt_mix(("number", "word"), FRAMINGS, ("text",))) == 4  # kinds the formula never reaches too
+
+
+def test_both_sets_hold_every_kind_and_the_confirming_set_other_keys_and_lengths(smollm2_tokenizer):
+    mix = prompt_mix(VALUE_KINDS, FRAMINGS, ("repeated", "text"))
+    measuring = mixed_prompts(smollm2_tokenizer, 12, 700, 5151, mix)
+    confirming = mixed_prompts(smollm2_tokenizer, 12, 700, "5151:confirm", mix, CONFIRM_LENGTHS)
+    assert {p.key for p in measuring}.isdisjoint(p.key for p in confirming)
+    assert {kind_of(p.key) for p in measuring} == {kind_of(p.key) for p in confirming} == set(VALUE_KINDS)
+    assert all(650 <= len(p.prompt) <= 700 for p in measuring)
+    lengths = sorted(len(p.prompt) for p in confirming)
+    assert 500 <= lengths[0] <= lengths[5] <= 525 and 1000 <= lengths[6] <= lengths[-1] <= 1050  # 0.75x and 1.5x
+    for p in measuring + confirming:
+        text = smollm2_tokenizer.decode(p.prompt)
+        chat = "<|im_start|>assistant" in text
+        assert text.endswith("The pass key is") != chat  # plain prompts end in the cue
+        answer = smollm2_tokenizer.decode(p.answer)
+        assert answer == (f"The pass key is {p.key}." if chat else f" {p.key}.")
+        assert f"The pass key is {p.key}." in text  # the needle
+
+
+def test_the_seed_decides_the_prompts_and_the_haystacks_are_those_asked(smollm2_tokenizer):
+    mix = prompt_mix(VALUE_KINDS, FRAMINGS, ("text",))
+    assert mixed_prompts(smollm2_tokenizer, 4, 700, 9191, mix) == mixed_prompts(smollm2_tokenizer, 4, 700, 9191, mix)
+    texts = [smollm2_tokenizer.decode(p.prompt) for p in mixed_prompts(smollm2_tokenizer, 4, 700, 9191, mix)]
+    assert all("Read this text carefully" in t for t in texts)
+
+
+@pytest.mark.parametrize("kind, count, least", [("chat", 15, 16), ("text", 3, 4)])
+def test_a_file_too_small_to_split_in_two_sets_is_refused_naming_the_minimum(kind, count, least):
+    with pytest.raises(ValueError, match=f"needs at least {least}"):
+        split_sets(tuple(range(count)), kind, "data.jsonl")
+    assert split_sets(tuple(range(least + 1)), kind, "data.jsonl") == (
+        tuple(range(0, least + 1, 2)),
+        tuple(range(1, least + 1, 2)),
+    )
 
 
 BAD = {

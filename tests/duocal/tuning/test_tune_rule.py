@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from duocal.tuning.tune_rule import CurvePoint, Rule, choose
+from duocal.tuning.tune_rule import CurvePoint, Rule, choose, choose_confirmed, margin, to_confirm
 
 
 def curve(*rows, total=16):
@@ -97,3 +97,52 @@ def test_bad_rule_settings_are_refused(kwargs, message):
 def test_a_curve_without_full_attention_is_refused():
     with pytest.raises(ValueError, match="full-attention point"):
         choose(curve((0.5, 0.2, 8)), Rule())
+
+
+MEASURED = ((0.0, 0.2, 8), (0.5, 0.2, 8), (0.625, 0.21, 8), (0.75, 0.22, 8), (0.875, 0.23, 7), (0.9375, 0.5, 2))
+
+
+def test_the_confirming_set_measures_the_pick_and_every_smaller_sparsity():
+    assert to_confirm((0.5, 0.625, 0.75, 0.875, 0.9375), 0.875) == (0.5, 0.625, 0.75, 0.875)
+    assert to_confirm((0.75, 0.5), 0.5) == (0.5,) and to_confirm((0.5,), 0.0) == ()
+
+
+def test_a_pick_the_confirming_set_holds_deploys():
+    measured = curve(*MEASURED)
+    assert choose(measured, Rule()) == 0.875
+    confirmed = curve((0.0, 0.3, 8), (0.5, 0.3, 8), (0.625, 0.3, 8), (0.75, 0.31, 8), (0.875, 0.32, 7))
+    assert choose_confirmed(measured, confirmed, Rule()) == 0.875
+
+
+def test_a_confirming_set_that_fails_at_the_pick_drops_it():
+    confirmed = curve((0.0, 0.3, 8), (0.5, 0.3, 8), (0.625, 0.3, 8), (0.75, 0.31, 8), (0.875, 0.32, 5))
+    assert choose_confirmed(curve(*MEASURED), confirmed, Rule()) == 0.75
+
+
+def test_a_hole_below_the_pick_on_the_confirming_set_drops_the_pick_below_the_hole():
+    """The confirming set recovers at 0.75 and 0.875 but loses 3 answers at 0.625: 0.5 deploys."""
+    confirmed = curve((0.0, 0.3, 8), (0.5, 0.3, 8), (0.625, 0.3, 5), (0.75, 0.3, 8), (0.875, 0.3, 8))
+    assert choose_confirmed(curve(*MEASURED), confirmed, Rule()) == 0.5
+    loss_hole = curve((0.0, 0.3, 8), (0.5, 0.45, 8), (0.625, 0.3, 8), (0.75, 0.3, 8), (0.875, 0.3, 8))
+    assert choose_confirmed(curve(*MEASURED), loss_hole, Rule()) == 0.0
+
+
+def test_the_confirming_set_never_lifts_the_pick():
+    confirmed = curve((0.0, 0.3, 8), (0.5, 0.3, 8), (0.625, 0.3, 8), (0.75, 0.3, 8), (0.875, 0.3, 8), (0.9375, 0.3, 8))
+    assert choose_confirmed(curve(*MEASURED), confirmed, Rule()) == 0.875
+
+
+def test_an_unconfirmed_pick_or_a_sparsity_missing_below_it_is_refused():
+    with pytest.raises(ValueError, match="not been confirmed"):
+        choose_confirmed(curve(*MEASURED), None, Rule())
+    partial = curve((0.0, 0.3, 8), (0.5, 0.3, 8), (0.875, 0.3, 8))
+    with pytest.raises(ValueError, match=r"did not measure sparsity 0\.625"):
+        choose_confirmed(curve(*MEASURED), partial, Rule())
+    assert choose_confirmed(curve((0.0, 0.2, 8), (0.5, 0.9, 1)), None, Rule()) == 0.0  # nothing to confirm
+
+
+def test_the_margin_is_what_the_rule_still_allows_at_a_sparsity():
+    points = curve(*MEASURED)
+    assert margin(points, 0.875, Rule()) == {"loss_nats": 0.02, "answers": 0}
+    assert margin(points, 0.5, Rule(tolerance=0.1, max_miss=0.25)) == {"loss_nats": 0.1, "answers": 2}
+    assert margin(points, 0.3, Rule()) is None
