@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from duocal.data import PasskeyGenerator, PasskeySample, SyntheticFiller
+from duocal.data.mixed_samples import MixedGenerator, MixedSample
 from duocal.data.padding import pad_batch
 
 
@@ -54,9 +55,21 @@ def make_haystack(spec: Any, text_field: str = "text"):
     return spec
 
 
-def make_generator(data, tokenizer, seed: int | None = None) -> PasskeyGenerator:
+def make_generator(data, tokenizer, seed: int | None = None) -> PasskeyGenerator | MixedGenerator:
     """The recipe's `data` section as a generator (raises ValueError when passkeys do not fit)."""
     pair = lambda v: tuple(v) if isinstance(v, (list, tuple)) else v  # noqa: E731
+    if data.format == "mixed":
+        if not isinstance(data.haystack, str):
+            raise ValueError("data.haystack of mixed samples is repeated, text or both (repeated,text)")
+        return MixedGenerator(
+            tokenizer,
+            context_length=pair(data.context),
+            values=tuple(data.values),
+            framings=tuple(data.framings),
+            haystacks=tuple(h.strip() for h in data.haystack.split(",")),
+            depth=tuple(data.depth) if isinstance(data.depth, (list, tuple)) else (data.depth, data.depth),
+            seed=data.seed if seed is None else seed,
+        )
     return PasskeyGenerator(
         tokenizer,
         context_length=pair(data.context),
@@ -70,7 +83,7 @@ def make_generator(data, tokenizer, seed: int | None = None) -> PasskeyGenerator
     )
 
 
-def answer_positions(sample: PasskeySample) -> list[int]:
+def answer_positions(sample: PasskeySample | MixedSample) -> list[int]:
     return list(sample.predict_positions)
 
 
@@ -87,7 +100,7 @@ def tensors(samples: list[PasskeySample], pad_id: int, multiple: int = 1) -> tup
 class StepData:
     """Builds every process's micro-batches of a step."""
 
-    generator: PasskeyGenerator
+    generator: PasskeyGenerator | MixedGenerator
     pad_id: int
     batch_size: int
     micro_batch_size: int

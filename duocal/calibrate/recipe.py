@@ -48,11 +48,14 @@ class ModelSection(Section):
 
 
 class DataSection(Section):
-    format: str = "demo"  # duocal.data.passkey_formats preset: demo | digits | nato
+    format: str = "demo"  # duocal.data.passkey_formats preset: demo | digits | nato; or mixed (mixed_samples.py)
     haystack: str | dict[str, Any] = "synthetic"  # synthetic | repeated | a .txt/.jsonl file | {dataset: ...}
+    # (mixed: repeated and/or text, e.g. "repeated,text")
+    values: list[str] = ["number", "word", "uuid"]  # mixed: the keys' kinds
+    framings: list[str] = ["chat", "plain"]  # mixed: the chat template and/or plain text
     text_field: str = "text"
     context: IntRange = [256, 1024]  # tokens per sample: an int or [min, max]
-    num_passkeys: IntRange = [1, 6]
+    num_passkeys: IntRange = [1, 6]  # mixed: 1
     depth: FractionRange = [0.0, 1.0]
     questions: Literal["all", "one"] = "all"  # "all": every needle is asked for (upstream), "one": one of them
     seed: int = 2024  # calibration samples are drawn with this seed (eval uses others: held out)
@@ -61,6 +64,14 @@ class DataSection(Section):
     def _ranges(self):
         for name in ("context", "num_passkeys", "depth"):
             _ordered(f"data.{name}", getattr(self, name))
+        mixed_only = {"values", "framings"} & self.model_fields_set
+        if self.format != "mixed" and mixed_only:
+            raise ValueError(f"data.{sorted(mixed_only)[0]} chooses mixed samples: set data.format: mixed")
+        if self.format == "mixed" and self.num_passkeys not in (1, [1, 1]):
+            raise ValueError(
+                f"mixed samples hide one key each (and ask for it), got data.num_passkeys={self.num_passkeys}: "
+                "set data.num_passkeys=1"
+            )
         return self
 
 

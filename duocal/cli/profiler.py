@@ -93,6 +93,19 @@ def profiler_command(
         ),
     ] = None,
     depths: DepthsOpt = CHAT_DEPTHS_TEXT,
+    values: Annotated[
+        str,
+        typer.Option(
+            help="The chat format's keys, mixed: number (README's 71432), word (amber-falcon), uuid; any of them."
+        ),
+    ] = "number",
+    framing: Annotated[
+        str,
+        typer.Option(
+            help="The chat format's framings, mixed: chat (the chat template), plain (text ending in 'The pass key "
+            "is'), or both."
+        ),
+    ] = "chat",
     score: Annotated[
         str | None,
         typer.Option(
@@ -178,6 +191,8 @@ def profiler_command(
             haystack=haystack or (CHAT_PROFILE_HAYSTACKS if chosen_format == "chat" else "synthetic"),
             answer=answer,
             depths=tuple(split(depths, float, "depths")),
+            values=tuple(v.strip() for v in values.split(",")),
+            framings=tuple(f.strip() for f in framing.split(",")),
             score=score,
             loss_at_sparsity=loss_at_sparsity,
             num_passkeys=passkeys,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from duocal.data.chat_prompts import README_FRAMING, TEXT_FRAMING, ChatPrompt, chat_ids, prompt_ids
+from duocal.data.chat_prompts import PLAIN_CUE, README_FRAMING, TEXT_FRAMING, ChatPrompt, prompt_ids, special_prefix
 
 ANSWER = "The pass key is {key}."
 PLAIN_ANSWER = " {key}."  # after the plain framing's cue, "The pass key is"
@@ -30,21 +30,33 @@ class AnsweredChat:
 
 
 def answered_chat(tokenizer, prompt: ChatPrompt) -> AnsweredChat:
-    """`prompt` in the chat template, the assistant's answer appended; raises `ValueError` when the
-    tokenizer cannot map the needle's characters to tokens (no offsets, or a template that splits it)."""
+    """`prompt` in its framing (the chat template, or plain text ending in the cue), the answer appended; raises
+    `ValueError` when the tokenizer cannot map the needle's characters to tokens (no offsets, or a template that
+    splits it)."""
     framing = README_FRAMING if prompt.haystack == "repeated" else TEXT_FRAMING
     needle = framing.needle.format(key=prompt.key).strip()  # its spaces belong to the tokens around it
-    messages = [{"role": "user", "content": prompt.text}]
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prompt_ids = chat_ids(tokenizer, prompt.text)
+    if prompt.framing == "chat":
+        messages = [{"role": "user", "content": prompt.text}]
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        answer, lead = ANSWER.format(key=prompt.key), 0
+    else:
+        rendered, answer = prompt.text + PLAIN_CUE, PLAIN_ANSWER.format(key=prompt.key)
+        lead = len(special_prefix(tokenizer))  # the tokenizer's own first tokens (a BOS) come before the text
+    ids = prompt_ids(tokenizer, prompt.text, prompt.framing)
     start = rendered.index(prompt.text) + prompt.text.index(needle)
-    span = token_span(tokenizer, rendered, prompt_ids, (start, start + len(needle)))
-    answer = ANSWER.format(key=prompt.key)
+    span = token_span(tokenizer, rendered, ids[lead:], (start, start + len(needle)))
     answer_ids = list(tokenizer(answer, add_special_tokens=False)["input_ids"])
     at = answer.index(str(prompt.key))
     first, end = token_span(tokenizer, answer, answer_ids, (at, at + len(str(prompt.key))))
-    rows = [len(prompt_ids) + i - 1 for i in range(first, end)]  # each row predicts the next token: the key's
-    return AnsweredChat(prompt_ids + answer_ids, span, rows, len(prompt_ids))
+    rows = [len(ids) + i - 1 for i in range(first, end)]  # each row predicts the next token: the key's
+    return AnsweredChat(ids + answer_ids, (span[0] + lead, span[1] + lead), rows, len(ids))
+
+
+def prompt_and_answer(tokenizer, prompt: ChatPrompt) -> tuple[list[int], list[int]]:
+    """The prompt's tokens and its expected answer's: "The pass key is K." after the chat template, " K." after
+    the plain framing's cue."""
+    sample = answered_chat(tokenizer, prompt)
+    return sample.ids[: sample.prompt_end], sample.ids[sample.prompt_end :]
 
 
 def token_span(tokenizer, rendered: str, ids: list[int], chars: tuple[int, int]) -> tuple[int, int]:
@@ -60,13 +72,3 @@ def token_span(tokenizer, rendered: str, ids: list[int], chars: tuple[int, int])
         )
     inside = [i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a < chars[1] and b > chars[0]]
     return inside[0], inside[-1] + 1
-
-
-def prompt_and_answer(tokenizer, prompt: ChatPrompt) -> tuple[list[int], list[int]]:
-    """The prompt's tokens and its expected answer's: "The pass key is K." after the chat template, " K." after
-    the plain framing's cue."""
-    if prompt.framing == "chat":
-        sample = answered_chat(tokenizer, prompt)
-        return sample.ids[: sample.prompt_end], sample.ids[sample.prompt_end :]
-    answer = PLAIN_ANSWER.format(key=prompt.key)
-    return prompt_ids(tokenizer, prompt.text, "plain"), list(tokenizer(answer, add_special_tokens=False)["input_ids"])

@@ -163,7 +163,14 @@ def prompt_ids(tokenizer, content: str, framing: str = "chat") -> list[int]:
         return chat_ids(tokenizer, content)
     if framing != "plain":
         raise ValueError(f"a prompt's framing is one of {', '.join(FRAMINGS)}, got {framing!r}")
-    return list(tokenizer(content + PLAIN_CUE)["input_ids"])
+    return special_prefix(tokenizer) + list(tokenizer(content + PLAIN_CUE, add_special_tokens=False)["input_ids"])
+
+
+def special_prefix(tokenizer) -> list[int]:
+    """The tokens the tokenizer puts before a text of its own accord (a BOS, or none)."""
+    marked = list(tokenizer("a")["input_ids"])
+    bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    return marked[: marked.index(bare[0])] if bare and bare[0] in marked else []
 
 
 def check_chat_template(tokenizer, instead: str = "use --format digits") -> None:

@@ -61,3 +61,13 @@ def kind_of(value: object) -> str:
 def first_value(kind: str, text: str) -> re.Match | None:
     """The first span of `kind`'s shape in `text` (case ignored for words and UUIDs)."""
     return SHAPES[check_kind(kind)].search(text if kind == NUMBER else text.lower())
+
+
+def check_choices(option: str, given: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+    """Refuse an option's list that is empty, names a choice twice or one not `allowed`."""
+    bad = [g for g in given if g not in allowed]
+    if bad or not given or len(set(given)) != len(given):
+        raise ValueError(
+            f"{option} takes {', '.join(allowed)}, each once (e.g. {','.join(allowed)}), "
+            f"got {','.join(given) or 'none'}"
+        )

@@ -28,7 +28,9 @@ from transformers import DynamicCache
 import duocal_runtime as dr
 from duocal.data import PasskeyGenerator
 from duocal.data.chat_answers import answered_chat
-from duocal.data.chat_prompts import CHAT_DEPTHS, alternating, chat_prompts, check_chat_template
+from duocal.data.chat_prompts import CHAT_DEPTHS, FRAMINGS, alternating, chat_prompts, check_chat_template
+from duocal.data.needle_values import NUMBER, VALUE_KINDS, check_choices
+from duocal.data.prompt_kinds import mixed_prompts, needs_template, prompt_mix
 from duocal.eval.chat_passkey import ChatAnswer, check_chat
 from duocal.eval.perplexity import text_windows
 from duocal.eval.protocols import question_start
@@ -67,6 +69,13 @@ class ProfilerConfig:
     score: str | None = None  # SCORES; default: loss for the chat format, retrieval for passkeys, kept for text
     loss_at_sparsity: float | None = None  # the loss score with the gates at this sparsity's plan (loss_at_plan.py)
     answer: str = "right"  # what the chat format's loss score scores (ANSWERS)
+    values: tuple[str, ...] = (NUMBER,)  # the chat format: the keys' kinds, mixed (data/prompt_kinds.py)
+    framings: tuple[str, ...] = ("chat",)  # and framings: the chat template, plain text or both
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the chat format's prompts mix kinds beyond README's numbers in the chat template."""
+        return (self.values, self.framings) != ((NUMBER,), ("chat",))
 
     @property
     def haystacks(self) -> tuple:
@@ -95,6 +104,10 @@ class ProfilerConfig:
                 raise ValueError(f"--haystack names a haystack twice: {self.haystack}")
             if self.num_passkeys != 1:
                 raise ValueError("the chat format hides one key per prompt: leave --passkeys out")
+            check_choices("--values", self.values, VALUE_KINDS)
+            check_choices("--framing", self.framings, FRAMINGS)
+        elif self.mixed:
+            raise ValueError("--values and --framing mix the chat format's prompts: give --format chat")
         if self.answer not in ANSWERS:
             raise ValueError(f"answer must be one of {', '.join(ANSWERS)}, got {self.answer!r}")
         if not set(self.kv_bits) <= {8, 4} or len(set(self.kv_bits)) != len(self.kv_bits):
@@ -137,7 +150,7 @@ class ProfiledSequence:
     spans: list[tuple[int, int]] | None  # the needle each row answers about (passkey data)
     pass_ends: tuple[int, ...]  # where snapkv's prefill passes end (the protocol)
     answer_rows: list[int] | None = None  # the rows whose next tokens the loss score scores (default: rows)
-    key: int | None = None  # the chat format: the pass key the answer gives
+    key: int | str | None = None  # the chat format: the pass key the answer gives
 
     @property
     def loss_rows(self) -> list[int]:
@@ -173,16 +186,25 @@ def sequences(tokenizer, config: ProfilerConfig):
 
 
 def chat_sequences(tokenizer, config: ProfilerConfig, context: int):
-    """The chat format: prompts of at most `context` tokens, alternating between the haystacks, each with its
-    answer written out; the rows predict the answer's key, the pass ends where the prompt does (the question
-    is in it)."""
+    """The chat format: prompts of at most `context` tokens, alternating between the haystacks (or mixing every
+    kind asked, `ProfilerConfig.mixed`), each with its answer written out; the rows predict the answer's key, the
+    pass ends where the prompt does (the question is in it)."""
+    if config.mixed:
+        mix = prompt_mix(config.values, config.framings, config.haystacks)
+        if needs_template(mix):
+            check_chat_template(tokenizer, "give --framing plain")
+        prompts = mixed_prompts(tokenizer, config.samples, context, config.seed, mix, depths=config.depths)
+        yield from answered_sequences(tokenizer, prompts)
+        return
     check_chat_template(tokenizer)
     for haystack, count in alternating(config.samples, config.haystacks):
-        yield from answered_sequences(tokenizer, config, context, count, haystack)
+        yield from answered_sequences(
+            tokenizer, chat_prompts(tokenizer, context, count, config.depths, haystack, config.seed)
+        )
 
 
-def answered_sequences(tokenizer, config: ProfilerConfig, context: int, count: int, haystack):
-    for prompt in chat_prompts(tokenizer, context, count, config.depths, haystack, config.seed):
+def answered_sequences(tokenizer, prompts):
+    for prompt in prompts:
         sample = answered_chat(tokenizer, prompt)
         spans = [sample.needle] * len(sample.rows)
         answer = list(range(sample.prompt_end - 1, len(sample.ids) - 1))  # every token of the answer
@@ -310,6 +332,8 @@ def profile_model(
     source |= {**settings, **scored_with, "format": config.format, "seconds": round(seconds, 2)}
     if config.format == "chat":
         source |= {"haystacks": list(map(str, config.haystacks))}
+        if config.mixed:
+            source |= {"values": list(config.values), "framings": list(config.framings)}
         if config.chosen_score == "loss":
             source |= {"answer": config.answer}
     return dr.Profile(info, _table(chosen_scores(means, config.chosen_score)), source, deploy, measurements)
@@ -340,7 +364,8 @@ def scored_answer(model, tokenizer, seq: ProfiledSequence, answer: str, cache=No
     if cache is None:
         return (seq.ids, seq.loss_rows), False
     prompt_end = seq.loss_rows[0] + 1
-    said, rows = own_answer(model, seq.ids, prompt_end, tokenizer.eos_token_id, cache)
+    room = max(OWN_ANSWER_TOKENS, len(seq.ids) - prompt_end + 4)  # a UUID's answer is longer than 16 tokens
+    said, rows = own_answer(model, seq.ids, prompt_end, tokenizer.eos_token_id, cache, room)
     text = tokenizer.decode(said[prompt_end:], skip_special_tokens=True)
     if answer == "right" and not ChatAnswer("profile", seq.key, text).exact:
         return (seq.ids, seq.loss_rows), True
@@ -348,7 +373,9 @@ def scored_answer(model, tokenizer, seq: ProfiledSequence, answer: str, cache=No
 
 
 @torch.no_grad()
-def own_answer(model, ids: list[int], prompt_end: int, eos: int | None, cache=None) -> tuple[list[int], list[int]]:
+def own_answer(
+    model, ids: list[int], prompt_end: int, eos: int | None, cache=None, new_tokens: int = OWN_ANSWER_TOKENS
+) -> tuple[list[int], list[int]]:
     """(the prompt and full attention's greedy answer to it, the rows that predict that answer's tokens): the
     loss score then ranks the heads that keep what the model itself says, not a written answer it would not
     give ("The pass key is K." where SmolLM2 says "The pass key mentioned in the text is K."). `cache`: a
@@ -358,7 +385,7 @@ def own_answer(model, ids: list[int], prompt_end: int, eos: int | None, cache=No
     prompt = torch.tensor([ids[:prompt_end]], device=device)
     if cache is not None:
         cache.crop(-(cache.get_seq_length() - (prompt_end - 1)))  # a negative count: transformers 5 crops by it
-    said = model.generate(prompt, cache=cache, max_new_tokens=OWN_ANSWER_TOKENS, do_sample=False, eos_token_id=eos)
+    said = model.generate(prompt, cache=cache, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos)
     said = said[0].tolist()
     return said, list(range(prompt_end - 1, len(said) - 1))
 

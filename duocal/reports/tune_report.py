@@ -39,8 +39,9 @@ def render_tune_table(record: dict[str, Any], console: Console | None = None) ->
     if "measured_pick" in record:
         console.print(f"the measuring set's pick: {record['measured_pick']:g}")
     console.print(f"chosen sparsity: {record['chosen_sparsity']:g}")
-    if record.get("margin"):
+    if record.get("scored"):
         console.print(scored_line(record))
+    if record.get("margin"):
         console.print(margin_line(record))
 
 
@@ -67,14 +68,18 @@ def curve_table(console: Console, record: dict[str, Any], title: str, rows: list
 
 
 def scored_line(record: dict[str, Any]) -> str:
-    """How many prompts each set scored, and how many of them full attention answers right."""
-    sets = [("measuring", record["table"]), ("confirming", record["confirmation"]["table"])]
+    """How many items each set scored, how many of them full attention answers right, and how many of those a
+    sparsity may lose."""
     parts = []
-    for name, rows in sets:
-        if rows:
-            full = next(p for p in rows if p["sparsity"] == 0)
-            right = "" if full["exact"] is None else f", full attention right on {full['exact']}"
-            parts.append(f"{name} set {full['total']} items{right}")
+    for name, got in record["scored"].items():
+        if got is None:
+            continue
+        right = (
+            ""
+            if got["full_right"] is None
+            else (f", full attention right on {got['full_right']}, {got['allowed_losses']} of them may be lost")
+        )
+        parts.append(f"{name} set {got['items']} items{right}")
     return "scored: " + "; ".join(parts)
 
 
@@ -95,38 +100,30 @@ def finite_text(value: float | None, form: str) -> str:
 
 
 def plot_tune_curve(record: dict[str, Any], path: str | Path) -> Path:
-    """Quality against KV bytes: the loss panel, and an exact-match panel where it was measured."""
+    """What the rule judges, against KV bytes, for each set: the loss over full attention's (the tolerance
+    marked), and where exact match was measured, full attention's right answers lost (the most allowed marked)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    points = sorted(record["table"], key=lambda p: p["kv_bytes"])
-    full = next(p for p in points if p["sparsity"] == 0)
-    chosen = next(p for p in points if p["sparsity"] == record["chosen_sparsity"])
-    panels = [("loss", loss_label(record) + " (nats per token, lower is better)")]
+    sets = [("measuring set", record["table"], "tab:blue", "o")]
+    confirmation = record.get("confirmation") or {}
+    if confirmation.get("table"):
+        sets.append(("confirming set", confirmation["table"], "tab:green", "s"))
+    full = next(p for p in record["table"] if p["sparsity"] == 0)
+    panels = [("rise", f"{loss_label(record)} over full attention's (nats per token)")]
     if full["exact"] is not None:
-        panels.append(("exact", f"greedy answers exactly right (of {full['total']})"))
-        points = [{**p, "kept": full["exact"] - p["lost"]} if p.get("lost") is not None else p for p in points]
+        panels.append(("lost", "full attention's right answers lost"))
     unit, size = byte_unit(full["kv_bytes"])
     fig = Figure(figsize=(5.2 * len(panels), 4.2))
     FigureCanvasAgg(fig)
     for ax, (key, label) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels, strict=True):
-        x = [p["kv_bytes"] / size for p in points]
-        ax.plot(x, [p[key] for p in points], marker="o", color="tab:blue", label="profile at each sparsity")
-        if key == "exact" and all("kept" in p for p in points):  # what the rule judges, prompt by prompt
-            kept = [p["kept"] for p in points]
-            ax.plot(x, kept, marker="v", color="tab:orange", label="full attention's right answers kept")
-        for p in points:
-            ax.annotate(f"{p['sparsity']:g}", (p["kv_bytes"] / size, p[key]), textcoords="offset points", xytext=(4, 4))
-        ax.axhline(full[key], color="tab:gray", linestyle="--", label="full attention")
-        at = ([chosen["kv_bytes"] / size], [chosen[key]])
-        ax.plot(
-            *at, marker="*", markersize=16, color="tab:red", linestyle="none", label=f"chosen: {chosen['sparsity']:g}"
-        )
+        for name, rows, color, marker in sets:
+            plot_set(ax, record, name, rows, key, color, marker, size)
+        if key == "rise":
+            ax.axhline(record["rule"]["tolerance_nats"], color="tab:red", linestyle="--", label="tolerance")
         ax.set_xlabel(f"KV cache at {record['context']:,} tokens ({unit}, {record['dtype']})")
         ax.set_ylabel(label)
         ax.set_xlim(left=0)
-        if key == "exact":  # whole answers, 0 to all of them: a flat curve reads as flat
-            ax.set_ylim(-0.5, full["total"] + 0.5)
         ax.legend(fontsize=8)
     fig.suptitle(f"{record['model']} on {Path(record['data']['name']).name}", fontsize=10)
     fig.tight_layout()
@@ -134,3 +131,26 @@ def plot_tune_curve(record: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     fig.savefig(buffer, dpi=110, format=path.suffix.lstrip(".").lower())
     return write_atomic(path, buffer.getvalue())
+
+
+def plot_set(ax, record: dict[str, Any], name: str, rows: list[dict[str, Any]], key: str, color, marker, size):
+    """One set's points on a panel, sparsities annotated, the chosen one starred, its allowed losses dotted."""
+    rows = sorted(rows, key=lambda p: p["kv_bytes"])
+    full = next(p for p in rows if p["sparsity"] == 0)
+    if key == "rise":
+        values = [None if None in (p["loss"], full["loss"]) else p["loss"] - full["loss"] for p in rows]
+    else:
+        values = [p.get("lost") for p in rows]
+    shown = [(p, v) for p, v in zip(rows, values, strict=True) if v is not None]
+    x = [p["kv_bytes"] / size for p, _ in shown]
+    ax.plot(x, [v for _, v in shown], marker=marker, color=color, label=name)
+    for p, v in shown:
+        ax.annotate(f"{p['sparsity']:g}", (p["kv_bytes"] / size, v), textcoords="offset points", xytext=(4, 4))
+        if p["sparsity"] == record["chosen_sparsity"]:
+            chosen = f"chosen: {p['sparsity']:g}" if name == "measuring set" else None
+            ax.plot(
+                [p["kv_bytes"] / size], [v], marker="*", markersize=16, color="tab:red", linestyle="none", label=chosen
+            )
+    allowed = ((record.get("scored") or {}).get(name.split()[0]) or {}).get("allowed_losses")
+    if key == "lost" and allowed is not None:
+        ax.axhline(allowed, color=color, linestyle=":", label=f"{name}: most it may lose")

@@ -37,6 +37,7 @@ import torch
 
 import duocal_runtime as dr
 from duocal.data.chat_prompts import check_chat_template
+from duocal.data.prompt_kinds import needs_template, prompt_mix
 from duocal.eval.chat_passkey import NEW_TOKENS, ChatAnswer
 from duocal.eval.perplexity import PerplexityConfig, plan_ppl, text_windows
 from duocal.eval.protocols import greedy
@@ -44,7 +45,7 @@ from duocal.eval.row_kinds import Progress, refuse_beyond_positions
 from duocal_runtime.hf.cache import full_attention_kv
 
 from .tune_data import SHORT_ANSWER_TOKENS, Conversation, TuneData, split_sets
-from .tune_prompts import CONFIRM_LENGTHS, AnsweredPrompt, mixed_prompts, needs_template, prompt_mix
+from .tune_prompts import CONFIRM_LENGTHS, AnsweredPrompt, answered_prompts
 from .tune_rule import CurvePoint
 
 
@@ -77,8 +78,8 @@ def tokenized(
         if needs_template(mix):
             check_chat_template(tokenizer, "give --framing plain, or --data")
         sets = (
-            mixed_prompts(tokenizer, samples, context, data.seed, mix),
-            mixed_prompts(tokenizer, confirm_samples, context, f"{data.seed}:confirm", mix, CONFIRM_LENGTHS),
+            answered_prompts(tokenizer, samples, context, data.seed, mix),
+            answered_prompts(tokenizer, confirm_samples, context, f"{data.seed}:confirm", mix, CONFIRM_LENGTHS),
         )
     else:
         halves = split_sets(data.conversations, "chat", data.name)

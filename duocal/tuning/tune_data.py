@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from duocal.data.chat_prompts import FRAMINGS
-from duocal.data.needle_values import VALUE_KINDS
+from duocal.data.needle_values import VALUE_KINDS, check_choices
 from duocal_runtime.files.regular_files import read_text
 
 TUNE_SEED = 5151  # not the profiler's (4242) nor the evaluation's (7777)
@@ -85,15 +85,6 @@ def passkey_data(
     )
     digest = fingerprint(json.dumps(settings, sort_keys=True).encode())
     return TuneData("passkey", name, digest, seed=seed, haystacks=haystacks, values=values, framings=framings)
-
-
-def check_choices(option: str, given: tuple[str, ...], allowed: tuple[str, ...]) -> None:
-    bad = [g for g in given if g not in allowed]
-    if bad or not given or len(set(given)) != len(given):
-        raise ValueError(
-            f"{option} takes {', '.join(allowed)}, each once (e.g. {','.join(allowed)}), "
-            f"got {','.join(given) or 'none'}"
-        )
 
 
 def split_sets(items: tuple, kind: str, source: str) -> tuple[tuple, tuple]:

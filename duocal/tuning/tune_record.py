@@ -18,7 +18,7 @@ from duocal.reports.tuned_record import DIGEST, TUNED, measured_digest
 
 from .tune_data import TuneData
 from .tune_prompts import CONFIRM_LENGTHS
-from .tune_rule import CurvePoint, Rule, choose, choose_confirmed, margin
+from .tune_rule import CurvePoint, Rule, choose, choose_confirmed, full_point, margin
 
 
 def tune_record(
@@ -48,11 +48,20 @@ def tune_record(
             "data": {"name": confirming_set(data), "items": confirmed[0].total if confirmed else 0},
             "table": [p.to_dict() for p in confirmed or []],
         },
+        "scored": {"measuring": scored(measured, rule), "confirming": scored(confirmed, rule) if confirmed else None},
         "margin": {
             "measuring": margin(measured, chosen, rule),
             "confirming": margin(confirmed, chosen, rule) if confirmed else None,
         },
     }
+
+
+def scored(points: list[CurvePoint], rule: Rule) -> dict[str, Any]:
+    """What a set scored: its items, full attention's right answers among them and how many the rule lets a
+    sparsity lose (None where exact match is not measured)."""
+    full = full_point(points)
+    allowed = None if full.exact is None else rule.allowed_losses(full.exact)
+    return {"items": full.total, "full_right": full.exact, "allowed_losses": allowed}
 
 
 def confirming_set(data: TuneData) -> str:

@@ -139,6 +139,9 @@ def test_a_pick_that_the_confirming_set_breaks_drops_to_where_both_hold(inputs, 
     assert "confirmed on the 2nd, 4th, ... text windows" in result.stdout and "2/8" in result.stdout
     assert "the measuring set's pick: 0.75" in result.stdout and "chosen sparsity: 0.25" in result.stdout
     assert "margin at 0.25: measuring set 0.0500 nats, 1 answers" in result.stdout
+    each = {"items": 8, "full_right": 8, "allowed_losses": 1}
+    assert record["scored"] == {"measuring": each, "confirming": each}
+    assert "scored: measuring set 8 items, full attention right on 8, 1 of them may be lost" in result.stdout
     shown = CliRunner().invoke(app, ["profiles", "show", str(out)], env={"COLUMNS": "400"})
     assert "deploy sparsity 0.25 chosen by duocal tune" in shown.stdout
     assert "the measuring set's pick 0.75, confirmed on the 2nd, 4th" in shown.stdout and "lost 2" in shown.stdout

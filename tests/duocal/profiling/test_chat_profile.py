@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from duocal.cli.app import app
 from duocal.data.chat_answers import ANSWER, answered_chat
 from duocal.data.chat_prompts import chat_ids, chat_prompts
+from duocal.data.needle_values import kind_of
 from duocal.profiling import ProfilerConfig, profiler
 from duocal.profiling.profiler import own_answer, scored_answer, sequences
 
@@ -42,6 +43,9 @@ def test_the_answer_follows_the_prompt_and_its_rows_predict_the_key(smollm2_toke
         (dict(format="chat", haystack="repeated,synthetic"), "the chat format's haystack must be repeated, text"),
         (dict(format="chat", haystack="repeated,repeated"), "names a haystack twice"),
         (dict(format="chat", haystack="repeated", answer="mine"), "answer must be one of right, own, written"),
+        (dict(format="chat", haystack="repeated", values=("emoji",)), "--values takes number, word, uuid"),
+        (dict(format="chat", haystack="repeated", framings=("chat", "chat")), "--framing takes chat, plain, each once"),
+        (dict(format="digits", values=("uuid",)), "give --format chat"),
     ],
 )
 def test_chat_and_score_settings_are_checked(settings, message):
@@ -71,6 +75,23 @@ def test_cli_profiles_a_chat_model_on_chat_prompts_by_answer_loss(tmp_path):
     assert "profile: 2/2 (100%), " in result.stderr and "answer loss" in result.stderr  # both passes counted
     shown = runner.invoke(app, ["profiles", "show", str(out)])
     assert shown.exit_code == 0 and "source: profiler (scores: loss)" in shown.output, shown.output
+
+
+def test_a_mixed_chat_profile_ranks_on_every_kind_asked(smollm2_tokenizer):
+    """--values and --framing: the sequences hold every value kind and both framings, each key's rows predicting
+    the key; README's numbers in the chat template stay the default (the same sequences as before)."""
+    config = ProfilerConfig(
+        format="chat", haystack="repeated,text", samples=6, contexts=(600,), values=("number", "word", "uuid"),
+        framings=("chat", "plain"),
+    )  # fmt: skip
+    mixed = list(sequences(smollm2_tokenizer, config))
+    assert len(mixed) == 6 and {kind_of(seq.key) for seq in mixed} == {"number", "word", "uuid"}
+    texts = [smollm2_tokenizer.decode(seq.ids) for seq in mixed]
+    assert sum("<|im_start|>assistant" in t for t in texts) == 3  # half in the chat template, half plain
+    for seq in mixed:
+        assert smollm2_tokenizer.decode([seq.ids[row + 1] for row in seq.rows]).strip() == str(seq.key)
+    default = ProfilerConfig(format="chat", haystack="repeated,text", samples=2, contexts=(600,))
+    assert not default.mixed and all(isinstance(seq.key, int) for seq in sequences(smollm2_tokenizer, default))
 
 
 def test_cli_refuses_the_chat_format_for_a_tokenizer_without_a_chat_template(tmp_path):
@@ -131,7 +152,7 @@ def test_the_right_answer_is_full_attentions_own_answer_where_it_gives_the_key(
         chat[1].key: "The pass key is the name of a specific type of pass key",
     }
 
-    def own(model, ids, prompt_end, eos, cache):  # a greedy answer as the model could give it
+    def own(model, ids, prompt_end, eos, cache, new_tokens=16):  # a greedy answer as the model could give it
         text = said[next(seq.key for seq in chat if seq.ids == ids)]
         answer_ids = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
         return ids[:prompt_end] + answer_ids, list(range(prompt_end - 1, prompt_end + len(answer_ids) - 1))

@@ -9,8 +9,9 @@ import pytest
 
 from duocal.data.chat_prompts import FRAMINGS
 from duocal.data.needle_values import VALUE_KINDS, kind_of
+from duocal.data.prompt_kinds import prompt_mix
 from duocal.tuning.tune_data import passkey_data, read_data, split_sets
-from duocal.tuning.tune_prompts import CONFIRM_LENGTHS, PromptKind, mixed_prompts, prompt_mix
+from duocal.tuning.tune_prompts import CONFIRM_LENGTHS, answered_prompts
 
 
 def write(tmp_path, name, text):
@@ -49,21 +50,10 @@ def test_the_default_prompts_are_fingerprinted_by_their_settings():
     assert numbers.fingerprint not in others and "number values; chat" in numbers.name
 
 
-def test_the_mix_holds_every_kind_and_its_first_kinds_vary_all_three():
-    mix = prompt_mix(VALUE_KINDS, FRAMINGS, ("repeated", "text"))
-    assert len(mix) == len(set(mix)) == 12
-    assert mix[0] == PromptKind("number", "chat", "repeated")  # README's quick-start prompt comes first
-    first = mix[:4]
-    assert {k.values for k in first} == set(VALUE_KINDS) and {k.framing for k in first} == set(FRAMINGS)
-    assert {k.haystack for k in first} == {"repeated", "text"}
-    assert prompt_mix(("uuid",), ("plain",), ("text",)) == [PromptKind("uuid", "plain", "text")]
-    assert len(prompt_mix(("number", "word"), FRAMINGS, ("text",))) == 4  # kinds the formula never reaches too
-
-
 def test_both_sets_hold_every_kind_and_the_confirming_set_other_keys_and_lengths(smollm2_tokenizer):
     mix = prompt_mix(VALUE_KINDS, FRAMINGS, ("repeated", "text"))
-    measuring = mixed_prompts(smollm2_tokenizer, 12, 700, 5151, mix)
-    confirming = mixed_prompts(smollm2_tokenizer, 12, 700, "5151:confirm", mix, CONFIRM_LENGTHS)
+    measuring = answered_prompts(smollm2_tokenizer, 12, 700, 5151, mix)
+    confirming = answered_prompts(smollm2_tokenizer, 12, 700, "5151:confirm", mix, CONFIRM_LENGTHS)
     assert {p.key for p in measuring}.isdisjoint(p.key for p in confirming)
     assert {kind_of(p.key) for p in measuring} == {kind_of(p.key) for p in confirming} == set(VALUE_KINDS)
     assert all(650 <= len(p.prompt) <= 700 for p in measuring)
@@ -80,8 +70,10 @@ def test_both_sets_hold_every_kind_and_the_confirming_set_other_keys_and_lengths
 
 def test_the_seed_decides_the_prompts_and_the_haystacks_are_those_asked(smollm2_tokenizer):
     mix = prompt_mix(VALUE_KINDS, FRAMINGS, ("text",))
-    assert mixed_prompts(smollm2_tokenizer, 4, 700, 9191, mix) == mixed_prompts(smollm2_tokenizer, 4, 700, 9191, mix)
-    texts = [smollm2_tokenizer.decode(p.prompt) for p in mixed_prompts(smollm2_tokenizer, 4, 700, 9191, mix)]
+    assert answered_prompts(smollm2_tokenizer, 4, 700, 9191, mix) == answered_prompts(
+        smollm2_tokenizer, 4, 700, 9191, mix
+    )
+    texts = [smollm2_tokenizer.decode(p.prompt) for p in answered_prompts(smollm2_tokenizer, 4, 700, 9191, mix)]
     assert all("Read this text carefully" in t for t in texts)
 
 
