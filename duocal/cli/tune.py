@@ -131,9 +131,11 @@ def tune_command(
         lm = ref.load_model()  # after every refusal
         with stderr_progress("tune") as progress:
             points = measure_curve(lm, loaded, work, measured, context, progress, "measuring set: ")
-            pick = to_confirm(measured, choose(points, rule))
+            confirm_at = to_confirm(measured, choose(points, rule))  # the pick and every smaller sparsity
             confirmed = (
-                measure_curve(lm, loaded, confirming, pick, context, progress, "confirming set: ") if pick else None
+                measure_curve(lm, loaded, confirming, confirm_at, context, progress, "confirming set: ")
+                if confirm_at
+                else None
             )
         dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
         tuned = tuned_profile(loaded, tune_record(chosen_data, rule, points, confirmed, context, dtype, ref.name))

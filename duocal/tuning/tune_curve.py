@@ -7,12 +7,14 @@ chunk; the loss is their mean cross-entropy, and the greedy answer is the expect
 every answer token is the most likely token after those before it (so exact match of greedy
 decoding, for the answer's length, comes from the same pass). Passkey prompts are answered freely
 too (a copy of the prefilled cache decodes greedily): right when the answer is exact and clean as
-`eval passkey --format chat` scores it (its first number is the key, no phrase repeated before it),
-however the model words it. A free answer is decoded only where neither the expected one nor full
-attention's own right answer to that prompt is the greedy one (one pass each, as the loss): "The pass key is
-K." is itself exact and clean, and greedy decoding would give it; a plan that gives full attention's right
-answer token for token is right as it is. Both checks hold where a chunk changes nothing (full and sink-window
-heads); a plan with heads that evict after each pass (H2O, SnapKV) decodes every free answer.
+`eval passkey --format chat` scores it (its first span shaped like the key, a number, a word pair or a UUID,
+is the key, no phrase repeated before it), however the model words it, in up to 4 tokens more than the
+expected answer. A free answer is decoded only where neither the expected one nor full attention's own right
+answer to that prompt is the greedy one (one pass each, as the loss): the expected answer ("The pass key is
+K.", or " K." after the plain cue) is itself exact and clean, and greedy decoding would give it; a plan
+that gives full attention's right answer token for token is right as it is. Both checks hold where a chunk
+changes nothing (full and sink-window heads); a plan with heads that evict after each pass (H2O, SnapKV)
+decodes every free answer.
 Text: perplexity over text windows (eval/perplexity.py); its loss is log(ppl).
 KV memory: the plan's bytes at `context` tokens, batch 1, in the model's dtype.
 

@@ -77,8 +77,7 @@ def passkey_data(
     ):
         check_choices(option, given, allowed)
     settings = {"seed": seed, "samples": samples, "context": context, "haystacks": haystacks}
-    if (values, framings) != (VALUE_KINDS, FRAMINGS):
-        settings |= {"values": values, "framings": framings}
+    settings |= {"values": values, "framings": framings}  # (records before the mix had neither)
     name = (
         f"passkey prompts (seed {seed}; {' and '.join(values)} values; {' and '.join(framings)}; "
         f"haystacks {' and '.join(haystacks)})"
