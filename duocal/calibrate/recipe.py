@@ -64,9 +64,10 @@ class DataSection(Section):
     def _ranges(self):
         for name in ("context", "num_passkeys", "depth"):
             _ordered(f"data.{name}", getattr(self, name))
-        mixed_only = {"values", "framings"} & self.model_fields_set
+        defaults = {name: type(self).model_fields[name].default for name in ("values", "framings")}
+        mixed_only = [name for name, default in defaults.items() if getattr(self, name) != default]
         if self.format != "mixed" and mixed_only:
-            raise ValueError(f"data.{sorted(mixed_only)[0]} chooses mixed samples: set data.format: mixed")
+            raise ValueError(f"data.{mixed_only[0]} chooses mixed samples: set data.format: mixed")
         if self.format == "mixed" and self.num_passkeys not in (1, [1, 1]):
             raise ValueError(
                 f"mixed samples hide one key each (and ask for it), got data.num_passkeys={self.num_passkeys}: "

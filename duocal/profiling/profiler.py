@@ -189,21 +189,14 @@ def chat_sequences(tokenizer, config: ProfilerConfig, context: int):
     """The chat format: prompts of at most `context` tokens, alternating between the haystacks (or mixing every
     kind asked, `ProfilerConfig.mixed`), each with its answer written out; the rows predict the answer's key, the
     pass ends where the prompt does (the question is in it)."""
+    mix = prompt_mix(config.values, config.framings, config.haystacks)
+    if needs_template(mix):
+        check_chat_template(tokenizer, "give --framing plain" if config.mixed else "use --format digits")
     if config.mixed:
-        mix = prompt_mix(config.values, config.framings, config.haystacks)
-        if needs_template(mix):
-            check_chat_template(tokenizer, "give --framing plain")
         prompts = mixed_prompts(tokenizer, config.samples, context, config.seed, mix, depths=config.depths)
-        yield from answered_sequences(tokenizer, prompts)
-        return
-    check_chat_template(tokenizer)
-    for haystack, count in alternating(config.samples, config.haystacks):
-        yield from answered_sequences(
-            tokenizer, chat_prompts(tokenizer, context, count, config.depths, haystack, config.seed)
-        )
-
-
-def answered_sequences(tokenizer, prompts):
+    else:
+        asked = alternating(config.samples, config.haystacks)
+        prompts = [p for h, n in asked for p in chat_prompts(tokenizer, context, n, config.depths, h, config.seed)]
     for prompt in prompts:
         sample = answered_chat(tokenizer, prompt)
         spans = [sample.needle] * len(sample.rows)
@@ -364,8 +357,7 @@ def scored_answer(model, tokenizer, seq: ProfiledSequence, answer: str, cache=No
     if cache is None:
         return (seq.ids, seq.loss_rows), False
     prompt_end = seq.loss_rows[0] + 1
-    room = max(OWN_ANSWER_TOKENS, len(seq.ids) - prompt_end + 4)  # a UUID's answer is longer than 16 tokens
-    said, rows = own_answer(model, seq.ids, prompt_end, tokenizer.eos_token_id, cache, room)
+    said, rows = own_answer(model, seq.ids, prompt_end, tokenizer.eos_token_id, cache)
     text = tokenizer.decode(said[prompt_end:], skip_special_tokens=True)
     if answer == "right" and not ChatAnswer("profile", seq.key, text).exact:
         return (seq.ids, seq.loss_rows), True
@@ -373,9 +365,7 @@ def scored_answer(model, tokenizer, seq: ProfiledSequence, answer: str, cache=No
 
 
 @torch.no_grad()
-def own_answer(
-    model, ids: list[int], prompt_end: int, eos: int | None, cache=None, new_tokens: int = OWN_ANSWER_TOKENS
-) -> tuple[list[int], list[int]]:
+def own_answer(model, ids: list[int], prompt_end: int, eos: int | None, cache=None) -> tuple[list[int], list[int]]:
     """(the prompt and full attention's greedy answer to it, the rows that predict that answer's tokens): the
     loss score then ranks the heads that keep what the model itself says, not a written answer it would not
     give ("The pass key is K." where SmolLM2 says "The pass key mentioned in the text is K."). `cache`: a
@@ -385,6 +375,7 @@ def own_answer(
     prompt = torch.tensor([ids[:prompt_end]], device=device)
     if cache is not None:
         cache.crop(-(cache.get_seq_length() - (prompt_end - 1)))  # a negative count: transformers 5 crops by it
+    new_tokens = max(OWN_ANSWER_TOKENS, len(ids) - prompt_end + 4)  # 4 more than the written answer (a UUID's: ~40)
     said = model.generate(prompt, cache=cache, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos)
     said = said[0].tolist()
     return said, list(range(prompt_end - 1, len(said) - 1))

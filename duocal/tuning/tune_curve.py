@@ -74,7 +74,7 @@ def tokenized(
         taken = text_windows(tokenizer, data.text, context, samples + confirm_samples)
         refuse_beyond_positions([context], model_config, "give a smaller --context")
         sets = split_sets(tuple(taken), "text", data.name)
-        return tuple(TuneWork(text_windows=windows, scored=context // 2) for windows in sets)
+        return tuple(TuneWork(text_windows=text_windows_of_set, scored=context // 2) for text_windows_of_set in sets)
     if data.kind == "passkey":
         mix = prompt_mix(data.values, data.framings, data.haystacks)
         if needs_template(mix):

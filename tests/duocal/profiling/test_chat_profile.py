@@ -152,7 +152,7 @@ def test_the_right_answer_is_full_attentions_own_answer_where_it_gives_the_key(
         chat[1].key: "The pass key is the name of a specific type of pass key",
     }
 
-    def own(model, ids, prompt_end, eos, cache, new_tokens=16):  # a greedy answer as the model could give it
+    def own(model, ids, prompt_end, eos, cache):  # a greedy answer as the model could give it
         text = said[next(seq.key for seq in chat if seq.ids == ids)]
         answer_ids = smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
         return ids[:prompt_end] + answer_ids, list(range(prompt_end - 1, prompt_end + len(answer_ids) - 1))
