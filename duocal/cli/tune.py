@@ -108,8 +108,9 @@ def tune_command(
         given = [option for option, (value, default) in prompt_choices.items() if value != default]
         if data is not None and given:
             raise ValueError(f"{', '.join(given)} choose the generated passkey prompts: leave them out with --data")
+        lists = ((haystack, "haystack"), (values, "values"), (framing, "framing"))
         chosen_data = (
-            passkey_data(samples, context, seed, listed(haystack), listed(values), listed(framing))
+            passkey_data(samples, context, seed, *(tuple(split(text, str, what)) for text, what in lists))
             if data is None
             else read_data(data)
         )
@@ -171,10 +172,6 @@ def check_distinct_files(paths: dict[str, Path | None]) -> None:
                 "the other; give different paths"
             )
         seen[key] = option
-
-
-def listed(text: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in text.split(","))
 
 
 def checked_sparsities(text: str) -> tuple[float, ...]:

@@ -47,7 +47,7 @@ from duocal.eval.row_kinds import Progress, refuse_beyond_positions
 from duocal_runtime.hf.cache import full_attention_kv
 
 from .tune_data import SHORT_ANSWER_TOKENS, Conversation, TuneData, split_sets
-from .tune_prompts import CONFIRM_LENGTHS, AnsweredPrompt, answered_prompts
+from .tune_prompts import CONFIRM_LENGTHS, AnsweredPrompt, answered_prompts, confirming_seed
 from .tune_rule import CurvePoint
 
 
@@ -81,7 +81,7 @@ def tokenized(
             check_chat_template(tokenizer, "give --framing plain, or --data")
         sets = (
             answered_prompts(tokenizer, samples, context, data.seed, mix),
-            answered_prompts(tokenizer, confirm_samples, context, f"{data.seed}:confirm", mix, CONFIRM_LENGTHS),
+            answered_prompts(tokenizer, confirm_samples, context, confirming_seed(data.seed), mix, CONFIRM_LENGTHS),
         )
     else:
         halves = split_sets(data.conversations, "chat", data.name)

@@ -16,6 +16,11 @@ MEASURE_LENGTHS = (1.0,)
 CONFIRM_LENGTHS = (0.75, 1.5)
 
 
+def confirming_seed(seed: int | str) -> str:
+    """The confirming set's seed: other keys than the measuring set's `seed`."""
+    return f"{seed}:confirm"
+
+
 @dataclass(frozen=True)
 class AnsweredPrompt:
     prompt: list[int]  # the prompt's tokens (the chat template with the assistant's turn opened, or plain)

@@ -17,7 +17,7 @@ import duocal_runtime as dr
 from duocal.reports.tuned_record import DIGEST, TUNED, measured_digest
 
 from .tune_data import TuneData
-from .tune_prompts import CONFIRM_LENGTHS
+from .tune_prompts import CONFIRM_LENGTHS, confirming_seed
 from .tune_rule import CurvePoint, Rule, choose, choose_confirmed, full_point, margin
 
 
@@ -67,7 +67,7 @@ def scored(points: list[CurvePoint], rule: Rule) -> dict[str, Any]:
 def confirming_set(data: TuneData) -> str:
     if data.kind == "passkey":
         lengths = " and ".join(f"{x:g}x" for x in CONFIRM_LENGTHS)
-        return f"the same kinds of prompt, other keys (seed {data.seed}:confirm), at {lengths} --context"
+        return f"the same kinds of prompt, other keys (seed {confirming_seed(data.seed)}), at {lengths} --context"
     items = "text windows" if data.kind == "text" else "conversations"
     return f"the 2nd, 4th, ... {items} of {data.name} (the 1st, 3rd, ... measure)"
 
