@@ -46,7 +46,7 @@ serve-demo: setup
 
 # Formatting and lint (ruff, 120 columns), and vulture for code after a return/raise (ruff has no such rule; its
 # other 100%-confidence findings are arguments an interface requires, so only unreachable code fails the lint).
-LINTED := duocal runtime vllm_plugin tests recipes
+LINTED := duocal runtime vllm_plugin tests recipes benchmarks
 lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
@@ -64,7 +64,7 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml constraints.txt
 
 # The docs' figures, each PNG redrawn from the rows saved beside it (docs/benchmarks/figures/*.json).
 figures: setup
-	$(PY) -m duocal.eval.figures docs/benchmarks/figures/*.json
+	$(PY) -m benchmarks.figures docs/benchmarks/figures/*.json
 
 # What CI runs (.ci/run): formatting and lint, the docs built strictly, then the whole suite on every core
 # (pytest-xdist; tests/conftest.py keeps a module, and the modules of one session server, on one worker), its 25

@@ -232,7 +232,6 @@ LAYERS = [
     {"duocal_runtime.planning", "duocal_runtime.fetching"},
     {"duocal_runtime.paged"},
     {"duocal_runtime.hf"},
-    {"duocal_runtime.bench"},
     {"duocal_vllm"},  # the vLLM plugin: one room, on the runtime alone
     {"duocal.reports", "duocal.data"},
     {"duocal.models"},
@@ -251,6 +250,26 @@ def room(module: str) -> str:
 def test_every_room_has_a_layer():
     rooms = {room(m) for m in modules() if m not in PACKAGES}
     assert rooms == set().union(*LAYERS), f"rooms without a layer: {rooms - set().union(*LAYERS)}"
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every absolute module name a file imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_packages_never_import_the_benchmarks():
+    """benchmarks/ (the workshop: benchmarks and the docs' figure tools) stands outside the installed packages,
+    which ship without it: a package module importing it would fail in every installed copy."""
+    leaning = sorted(
+        name for name, path in modules().items() if any(m.split(".")[0] == "benchmarks" for m in imports_of(path))
+    )
+    assert not leaning, f"these modules import benchmarks/, which is not installed: {leaning}"
 
 
 def test_no_module_imports_a_room_of_its_own_layer_or_a_higher_one():

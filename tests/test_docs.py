@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from duocal.eval.figures import draw, load_figure
-from duocal.eval.figures import main as figures_main
+from benchmarks.figures import draw, load_figure
+from benchmarks.figures import main as figures_main
 
 REPO = Path(__file__).parents[1]
 FIGURES = REPO / "docs" / "benchmarks" / "figures"
@@ -67,7 +67,7 @@ def test_every_test_file_the_docs_name_exists():
 REPO_PATH = re.compile(
     r"(?<![\w./$-])((?:[\w.-]+/)+(?:[\w-]+\.(?:py|md|json|ya?ml|toml|txt|c|h|sh|tsv|png)\b|(?=[\s`)'\",:;]|$)))"
 )
-SOURCE_FOLDERS = ("duocal", "runtime", "vllm_plugin", "tests", "recipes", "docs/_hooks")
+SOURCE_FOLDERS = ("duocal", "runtime", "vllm_plugin", "benchmarks", "tests", "recipes", "docs/_hooks")
 # Top folders that git ignores (`/out/`, `/runs/`): what a command writes there is never in a clone.
 IGNORED = {(REPO, name) for name in re.findall(r"^/([\w.-]+)/$", (REPO / ".gitignore").read_text(), re.M)}
 
@@ -78,11 +78,12 @@ def named_paths(text: str) -> list[str]:
 
 
 def missing_paths(text: str, where: Path) -> list[str]:
-    """Named paths that do not exist. A path is read from the repository root or, for a module's docstring,
+    """Named paths that do not exist. A path is read from the repository root, from docs/ (mkdocs.yml's nav and
+    the pages name `benchmarks/tune.md`, beside the top folder benchmarks/) or, for a module's docstring,
     from any folder above the module (`profile/format.py` in runtime/); a path whose first folder is none of
     those (`transformers/cache_utils.py`) or one git ignores (`out/demo/`) names something outside the repository
     and is not checked."""
-    roots = [REPO, *(parent for parent in where.parents if REPO in parent.parents)]
+    roots = [REPO, REPO / "docs", *(parent for parent in where.parents if REPO in parent.parents)]
     missing = []
     for path in named_paths(text):
         first = path.split("/", 1)[0]

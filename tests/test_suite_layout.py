@@ -7,9 +7,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-# tests/runtime/<room>/ and tests/duocal/<room>/ hold the tests of runtime/<room>/ and duocal/<room>/; a test
-# file directly in tests/runtime/ or tests/duocal/ tests that package's top modules (checks.py, errors.py...).
-TEST_MIRRORS = {"runtime": REPO / "runtime", "duocal": REPO / "duocal"}
+# tests/runtime/<room>/, tests/duocal/<room>/ and tests/benchmarks/<room>/ hold the tests of runtime/<room>/,
+# duocal/<room>/ and benchmarks/<room>/; a test file directly in tests/runtime/ or tests/duocal/ tests that
+# package's top modules (checks.py, errors.py...).
+TEST_MIRRORS = {"runtime": REPO / "runtime", "duocal": REPO / "duocal", "benchmarks": REPO / "benchmarks"}
 # vllm: the plugin's tests, run in .venv-vllm; data: reference files; helpers: the builders the tests share
 TEST_FOLDERS = {*TEST_MIRRORS, "vllm", "data", "helpers"}
 PROJECT_WIDE_TESTS = {

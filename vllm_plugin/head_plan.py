@@ -77,6 +77,7 @@ def make_plan(config: Any, settings: dict[str, str], dtype: Any = "bfloat16"):
     `dtype`, the dtype vLLM runs the model in)."""
     from duocal_runtime.errors import PlanError, ProfileError
     from duocal_runtime.fetching.loading import load_profile
+    from duocal_runtime.planning.head_order import check_head_choice
     from duocal_runtime.planning.plan import plan
     from duocal_runtime.planning.tensor_parallel import balanced_plan
 
@@ -91,8 +92,7 @@ def make_plan(config: Any, settings: dict[str, str], dtype: Any = "bfloat16"):
         numbers = {k: int(settings[k]) for k in ("sink", "recent") if k in settings}
         numbers["positions"] = "original"  # vLLM gives every key its place: its prefix cache relies on it
         sparsity = float(settings["sparsity"]) if "sparsity" in settings else None
-        if sparsity is not None and "budget" in settings:
-            raise DuoVllmError("give duocal_sparsity or duocal_budget, not both")
+        check_head_choice(sparsity=sparsity, budget=settings.get("budget"))
         if sparsity == 0:
             return plan(profile, sparsity=0.0, positions="original")
         tensor_parallel = int(settings.get("tensor_parallel", 1))

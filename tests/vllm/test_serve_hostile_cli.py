@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 
 from duocal.cli.app import app
 from duocal.serving import vllm_launch
-from duocal.serving.vllm_args import check_vllm_args
 
 from helpers.vllm_engines import PROFILE, profile_of_another_model
 
@@ -157,6 +156,9 @@ CASES = {
     "--hf_config_path after --": (lambda t, m: [NAME, "--", "--hf_config_path", str(t)], "--hf-config-path"),
     "--max-model-len unreadable": (lambda t, m: [NAME, "--", "--max-model-len", "lots"], "--max-model-len"),
     "--max-model-len a fraction of a binary K": (lambda t, m: [NAME, "--", "--max-model-len", "1.5K"], "max-model"),
+    "an ambiguous abbreviation (vLLM's parser)": (lambda t, m: [NAME, "--", "--po", "9"], "ambiguous option"),
+    "an option vLLM does not have": (lambda t, m: [NAME, "--", "--no-such-option", "1"], "unrecognized arguments"),
+    "--port at vLLM's default after --": (lambda t, m: [NAME, "--port", "9", "--", "--port", "8000"], "--port"),
     "--engine transformers options": (lambda t, m: [NAME, "--num-blocks", "10"], "--num-blocks"),
     "no model": (lambda t, m: ["--", "--max-model-len", "128"], "needs MODEL"),
     "a bare word first after --": (lambda t, m: [NAME, "--", "extra", "--max-num-seqs", "2"], "not an option"),
@@ -348,7 +350,7 @@ def test_the_probe_has_at_least_sixty_command_lines():
 def test_vllms_own_kv_bytes_beside_the_kv_space_variable_is_refused(monkeypatch, no_server_start):
     """vLLM-CPU takes VLLM_CPU_KVCACHE_SPACE over `--kv-cache-memory-bytes` without a word."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    result = CliRunner().invoke(app, ["serve", "--engine", "vllm", NAME, "--", "--kv-cache-memory-bytes", "5e8"])
+    result = CliRunner().invoke(app, ["serve", "--engine", "vllm", NAME, "--", "--kv-cache-memory-bytes", "500000000"])
     assert result.exit_code == 1
     assert (result.stderr or result.output).startswith("error: VLLM_CPU_KVCACHE_SPACE is set in this environment")
 
@@ -384,25 +386,3 @@ def test_a_config_json_naming_its_model_is_served(tmp_path, model_folder, no_ser
     """Most Hub models' config.json holds _name_or_path; the model folder's path is the one the plan uses."""
     folder = model_with_config(tmp_path / "m", model_folder, lambda c: c.update(_name_or_path="someone/model"))
     assert launch_argv((), model=folder, profile=str(PROFILE))[:1]
-
-
-def test_a_config_files_options_are_read_as_vllm_builds_them(tmp_path):
-    """vLLM's load_config_file: a list's items after the key, a mapping as JSON, true as the switch; the file's
-    options come before the command line's, so the command line's win."""
-    text = "max_num_seqs: 4\nenable-prefix-caching: true\nenforce_eager: false\nallowed-origins: [a, b]\n"
-    config = yaml_file(tmp_path, text + "compilation-config: {level: 0}\nempty: []\n")
-    assert check_vllm_args(("--config", config, "-tp", "2")) == (
-        "--max_num_seqs",
-        "4",
-        "--enable-prefix-caching",
-        "--no-enforce_eager",
-        "--allowed-origins",
-        "a",
-        "b",
-        "--compilation-config",
-        '{"level": 0}',
-        "--config",
-        config,
-        "-tp",
-        "2",
-    )

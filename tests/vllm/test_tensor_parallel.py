@@ -131,7 +131,7 @@ def test_serve_plans_for_the_tensor_parallel_size_it_passes_to_vllm(model_folder
     assert launch.argv[-2:] == ["--tensor-parallel-size", "3"]
     with pytest.raises(ValueError, match="tensor parallel size 2 does not divide the model's 3 KV heads"):
         vllm_launch(VllmServe("smollm2-135m-instruct", sparsity=0.5, vllm_args=("-tp", "2")))
-    with pytest.raises(ValueError, match="--tensor-parallel-size 'two': give a whole number"):
+    with pytest.raises(ValueError, match="argument --tensor-parallel-size/-tp: invalid int value: 'two'"):
         vllm_launch(VllmServe("smollm2-135m-instruct", vllm_args=("--tensor-parallel-size=two",)))
 
 

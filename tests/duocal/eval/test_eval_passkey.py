@@ -21,7 +21,7 @@ runner = CliRunner()
 SHAPE = dr.ModelShape(4, 8, 4, 16)
 SINK_WINDOW = dr.SinkWindow(sink=8, recent=32)
 ROW_KEYS = {
-    "policy",
+    "row",
     "context",
     "sparsity",
     "exact_match",

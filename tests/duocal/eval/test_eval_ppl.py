@@ -124,7 +124,7 @@ def test_cli_json_rows_and_clear_errors(tmp_path):
     assert out.exit_code == 0, out.output
     rows = json.loads(out.stdout)
     assert [r["row"] for r in rows] == ["full", "streaming", "hqq4"] and rows[2]["kv_bits"] == 4
-    assert set(rows[0]) >= {"policy", "sparsity", "context", "tokens_scored", "ppl", "kv_bytes"}
+    assert set(rows[0]) >= {"row", "sparsity", "context", "tokens_scored", "ppl", "kv_bytes"}
     short = runner.invoke(app, ["eval", "ppl", "--text", str(text), "--context", "4000"])
     assert short.exit_code == 1 and "fewer than one text window of 4000" in short.output
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00bad")

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from duocal.cli import app
-from duocal.serving.vllm_launch import check_vllm_args, has_vllm, kv_space_gib
+from duocal.serving.vllm_launch import has_vllm, kv_space_gib
 
 runner = CliRunner()
 
@@ -44,16 +44,3 @@ def test_kv_memory_is_whole_gib():
     for size in ("1.5GiB", "500MiB", "1GB", "4096 tokens", "0GiB"):
         with pytest.raises(ValueError, match=r"whole GiB .*--kv-memory 2GiB.*--kv-cache-memory-bytes"):
             kv_space_gib(size)
-
-
-def test_options_duocal_sets_are_refused_after_the_separator():
-    check_vllm_args(("--max-model-len", "8192", "--enable-prefix-caching"))
-    for arg in ("--port=9000", "--served-model-name", "--hf-overrides", "--model"):
-        with pytest.raises(ValueError, match=f"{arg.split('=')[0]} after `--` is duocal's {arg.split('=')[0]} to set"):
-            check_vllm_args((arg,))
-
-
-@pytest.mark.parametrize("args", [("extra",), ("extra", "--max-num-seqs", "8"), ("8", "--max-num-seqs")])
-def test_a_bare_word_first_after_the_separator_is_refused_before_vllm_loads(args):
-    with pytest.raises(ValueError, match=f"'{args[0]}' after `--` is not an option.*model before"):
-        check_vllm_args(args)

@@ -1,6 +1,6 @@
 """First-call benchmark: one generate() in a fresh process, plain transformers against duocal plans.
 
-    python -m duocal_runtime.bench.first_call --model DIR --profile NAME_OR_FILE \
+    python -m benchmarks.runtime.first_call --model DIR --profile NAME_OR_FILE \
         [--prompt 1536] [--new 32] [--rows plain,duo50,duo75,h2o50] [--repeats 1]
 
 What a user running a one-off job sees: every row runs in its own new Python process (nothing
@@ -34,7 +34,7 @@ def one_row(model_dir: str, profile: str, row: str, prompt: int, new: int) -> di
     ids = torch.randint(3, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(0))
     kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)
     if row != "plain":
-        from .serving import serving_plan
+        from benchmarks.runtime.serving import serving_plan
 
         plan = serving_plan(row, dr.load_profile(profile), dr.shape_of_config(model.config), prompt + new)
         dr.apply(model, plan)
@@ -49,7 +49,7 @@ def run_fresh_process(args, row: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="duocal-first-call-") as cache_dir:
         env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
         code = (
-            "import json, sys; from duocal_runtime.bench.first_call import one_row; "
+            "import json, sys; from benchmarks.runtime.first_call import one_row; "
             f"print(json.dumps(one_row({args.model!r}, {args.profile!r}, {row!r}, {args.prompt}, {args.new})))"
         )
         started = time.perf_counter()
@@ -73,7 +73,7 @@ def print_first_call_table(results: list[dict]) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m duocal_runtime.bench.first_call", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.runtime.first_call", description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a model folder (config + weights)")
     ap.add_argument("--profile", required=True, help="a profile file or prebuilt name for the plan rows")
     ap.add_argument("--prompt", type=int, default=1536, help="prompt tokens")
@@ -88,8 +88,8 @@ def main(argv=None) -> None:
     unknown = sorted(set(rows) - set(FIRST_CALL_ROWS))
     if unknown:
         ap.error(f"unknown rows {unknown}; choose from {','.join(FIRST_CALL_ROWS)}")
-    from ..files.atomic import write_atomic  # the parent times child processes: it may import
-    from ..files.output_paths import check_output
+    from duocal_runtime.files.atomic import write_atomic  # the parent times child processes: it may import
+    from duocal_runtime.files.output_paths import check_output
 
     if args.out:
         check_output(args.out, "--out")  # before any work

@@ -1,4 +1,4 @@
-"""GPU checks before the GPU benchmark: `python -m duocal_runtime.bench.gpu_check` (CUDA only).
+"""GPU checks before the GPU benchmark: `python -m benchmarks.runtime.gpu_check` (CUDA only).
 
 1. An all-full plan gives plain transformers' greedy tokens (bf16, left padding).
 2. A mixed plan's static cache, decode compiled by generate() (CUDA graphs), gives the dynamic

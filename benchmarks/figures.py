@@ -1,4 +1,4 @@
-"""The docs' figures, redrawn from the rows their evaluation saved: `python -m duocal.eval.figures FILE.json ...`.
+"""The docs' figures, redrawn from the rows their evaluation saved: `python -m benchmarks.figures FILE.json ...`.
 
 A figure file holds the rows `duocal eval passkey --json` prints (only the fields a plot reads are
 needed: row, context, exact_match, kv_bytes; kv_bits, protocol, min, max when present) with the
@@ -110,7 +110,7 @@ def tune_record_of(path: Path) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m duocal.eval.figures", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.figures", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path, help="figure files (NAME.json); each PNG is written beside it")
     args = parser.parse_args(argv)
     try:

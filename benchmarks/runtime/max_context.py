@@ -1,6 +1,6 @@
 """The longest context one sequence's KV cache fits in, by KV bits and sparsity (analytic: `Plan.max_context`).
 
-    python -m duocal_runtime.bench.max_context --shape llama3-8b --kv-memory 24GB,63.9GB,72GB,125GB
+    python -m benchmarks.runtime.max_context --shape llama3-8b --kv-memory 24GB,63.9GB,72GB,125GB
 
 Full heads store 16, 8 or 4 bits per value (KIVI codes: a bf16 scale and zero point per 32
 values, the newest 128 tokens in bf16); bounded heads are sink 64 + recent 256 in bf16. Which
@@ -15,10 +15,9 @@ import argparse
 from transformers import LlamaConfig
 
 import duocal_runtime as dr
-
-from ..planning.budget import Budget
-from .pool_requests import synthetic_profile
-from .shapes import SHAPES
+from benchmarks.runtime.pool_requests import synthetic_profile
+from benchmarks.runtime.shapes import SHAPES
+from duocal_runtime.planning.budget import Budget
 
 
 def table(shape: dr.ModelShape, memories: list[str], sparsities: list[float], bits: list[int], dtype: str) -> list:

@@ -5,8 +5,8 @@ import json
 import pytest
 
 import duocal_runtime as dr
-from duocal_runtime.bench import rows as R
-from duocal_runtime.bench.__main__ import add_ratios, parse_args, rows_in_process
+from benchmarks.runtime import rows as R
+from benchmarks.runtime.__main__ import add_ratios, parse_args, rows_in_process
 
 
 @pytest.mark.slow
@@ -73,7 +73,7 @@ def test_quantized_rows_hold_their_analytic_bytes_and_name_their_plan():
 
 
 def test_max_context_table_multiplies_sparsity_and_bits(capsys):
-    from duocal_runtime.bench import max_context
+    from benchmarks.runtime import max_context
 
     max_context.main(["--shape", "tiny", "--kv-memory", "1GB", "--sparsity", "0,0.5", "--kv-bits", "16,4"])
     lines = capsys.readouterr().out.splitlines()
@@ -97,7 +97,7 @@ def test_unknown_rows_and_shapes_are_refused(capsys):
 def test_first_call_benchmark_runs_each_row_in_a_fresh_process(tmp_path, capsys, tiny_llama):
     """Rows plain and duo50 on a tiny saved Llama: a table with plain at 1.00x and JSON with both rows."""
     import duocal_runtime as dr
-    from duocal_runtime.bench import first_call
+    from benchmarks.runtime import first_call
 
     from helpers.profiles import random_profile
 
@@ -139,7 +139,7 @@ def test_serving_benchmark_serves_every_request_and_keeps_each_row_it_measured(t
     """A tiny saved Llama through transformers' continuous batching: every request's tokens come back,
     duo rows hold fewer bytes per request than plain, and the JSON is written after each row."""
     import duocal_runtime as dr
-    from duocal_runtime.bench import serving
+    from benchmarks.runtime import serving
 
     from helpers.profiles import random_profile
 
@@ -173,8 +173,8 @@ def test_serving_benchmark_on_random_weights_of_a_shape_plans_mixed_layers(tmp_p
     heads of both policies in one layer, as real profiles do, and every request's tokens come back."""
     from transformers import LlamaConfig
 
-    from duocal_runtime.bench import serving
-    from duocal_runtime.bench.shapes import SHAPES, random_scores_profile
+    from benchmarks.runtime import serving
+    from benchmarks.runtime.shapes import SHAPES, random_scores_profile
 
     out = tmp_path / "serving.json"
     args = ["--shape", "tiny", "--requests", "3", "--prompt", "900:1000", "--new", "2:3", "--rows", "plain,duo50"]

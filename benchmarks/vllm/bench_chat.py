@@ -8,7 +8,7 @@ as the server gave them: the chat template of the model renders them, as any cli
 prompt tokens read from the prefix cache (each answer's `usage.prompt_tokens_details.cached_tokens`); per
 configuration: vLLM's prefix cache counters (hit rate) and output tok/s. Ratios are to stock in the same run.
 
-    OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=0-1 .venv-vllm/bin/python tests/vllm/bench_chat.py \\
+    OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=0-1 .venv-vllm/bin/python benchmarks/vllm/bench_chat.py \\
         --conversations 8 --turns 6 --json out/vllm-chat.json -- --dtype float32
 
 Not collected by pytest (no `test_` prefix): it takes many minutes and measures, it does not check.

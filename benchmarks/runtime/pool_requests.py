@@ -1,7 +1,7 @@
 """How many requests a serving pool holds: duocal's paged cache against plain attention, computed
 with the very cache the server uses (built on the meta device: no memory is allocated).
 
-    python -m duocal_runtime.bench.pool_requests --shape llama3-8b --memory 80GB --weights 16.1GB \
+    python -m benchmarks.runtime.pool_requests --shape llama3-8b --memory 80GB --weights 16.1GB \
         --contexts 32768,131072 --sparsity 0,0.5,0.75 [--kv-bits 16,8,4]
 
 The KV pool is `--memory` minus `--weights` (activations and the engine's buffers are left out, so
@@ -19,14 +19,13 @@ import torch
 from transformers import LlamaConfig
 
 import duocal_runtime as dr
-
-from ..paged.paged_cache import DuoPagedCache, pool_summary
-from ..paged.pool_size import pool_blocks, pool_config
-from ..paged.quantized_pages import page_size_for
-from ..planning.budget import Budget
-from ..planning.sizes import GiB
-from .serving import PAGE
-from .shapes import SHAPES
+from benchmarks.runtime.serving import PAGE
+from benchmarks.runtime.shapes import SHAPES
+from duocal_runtime.paged.paged_cache import DuoPagedCache, pool_summary
+from duocal_runtime.paged.pool_size import pool_blocks, pool_config
+from duocal_runtime.paged.quantized_pages import page_size_for
+from duocal_runtime.planning.budget import Budget
+from duocal_runtime.planning.sizes import GiB
 
 
 def synthetic_profile(shape: dr.ModelShape) -> dr.Profile:

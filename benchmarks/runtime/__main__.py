@@ -1,7 +1,7 @@
 """Benchmark: prefill time, decode speed, KV bytes and peak memory, duocal vs transformers' caches.
 
-    OMP_NUM_THREADS=1 python -m duocal_runtime.bench [--contexts 2048,8192,32768] [--out bench.json]
-    python -m duocal_runtime.bench --device cuda --dtype bfloat16 --shape llama3-8b --contexts 32768,131072
+    OMP_NUM_THREADS=1 python -m benchmarks.runtime [--contexts 2048,8192,32768] [--out bench.json]
+    python -m benchmarks.runtime --device cuda --dtype bfloat16 --shape llama3-8b --contexts 32768,131072
 
 Rows (see rows.py): `dynamic` (DynamicCache, the baseline of every ratio), `static` (StaticCache,
 decode compiled), `full`, `stream50`, `stream75`, `mixed50`, `mixed75`, `h2o50` (duocal plans) and their `-compiled`
@@ -27,13 +27,13 @@ import sys
 import torch
 
 import duocal_runtime as dr
+from benchmarks.runtime.shapes import SHAPES, bench_model, weight_bytes_read
+from duocal_runtime.files.atomic import write_atomic
+from duocal_runtime.files.output_paths import check_output
+from duocal_runtime.quant import hf_baselines as H
 
-from ..files.atomic import write_atomic
-from ..files.output_paths import check_output
-from ..quant import hf_baselines as H
 from . import rows as R
 from . import timing as M
-from .shapes import SHAPES, bench_model, weight_bytes_read
 
 CPU_ROWS = ("dynamic", "full", "stream50", "stream75", "h2o50")
 PEAK_BANDWIDTH = {"cuda": 4.8e12}  # bytes/s: H200 HBM3e; pass --peak-bandwidth for another device
@@ -148,7 +148,7 @@ def rows_in_subprocesses(args, argv) -> list[dict]:
     results = []
     for context in args.contexts:
         for row in args.rows:
-            cmd = [sys.executable, "-m", "duocal_runtime.bench", *argv, "--one", f"{row}:{context}"]
+            cmd = [sys.executable, "-m", "benchmarks.runtime", *argv, "--one", f"{row}:{context}"]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True)
             results.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"done {row} @ {context}", file=sys.stderr)

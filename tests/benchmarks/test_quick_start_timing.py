@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from duocal.eval.quick_start_timing import python_block, quick_start_section, shell_commands
+from benchmarks.quick_start_timing import python_block, quick_start_section, shell_commands
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_commands_and_python_come_from_readme_quick_start():

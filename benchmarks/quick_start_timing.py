@@ -1,6 +1,6 @@
 """Times README's quick start the way README says to run it: its shell commands and its Python block.
 
-    python -m duocal.eval.quick_start_timing [--readme README.md] [--json timings.json] [--keep DIR]
+    python -m benchmarks.quick_start_timing [--readme README.md] [--json timings.json] [--keep DIR]
 
 The commands are read from README's "Quick start" section (every `duocal models fetch`, `duocal
 profile` and `duocal eval passkey` line, comments dropped) and its first Python block, so what is

@@ -1,6 +1,6 @@
 """Where a serving burst's time goes, stock vLLM-CPU against duocal plans: CPU time per engine step.
 
-    OMP_NUM_THREADS=1 .venv-vllm/bin/python tests/vllm/bench_steps.py [--prompts 32] [--input-len 1536] \\
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/vllm/bench_steps.py [--prompts 32] [--input-len 1536] \\
         [--output-len 96] [--range-ratio 0.33] [--threads 1] [--only stock,duo 0.5] [--json OUT]
 
 The burst of bench_serving.py (random prompts of input-len, output-len new tokens, both +-33% or +-`--range-ratio`;

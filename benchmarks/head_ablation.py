@@ -2,7 +2,7 @@
 answers), add the heads the plan at `--low` keeps full, one at a time in score order, and answer README's prompt
 with 8 keys never used (greedy, exact and clean) after each; full attention and the profile's own plans first.
 
-    OMP_NUM_THREADS=2 python tests/duocal/tuning/bench_head_ablation.py --profile smollm2-135m-instruct
+    OMP_NUM_THREADS=2 python benchmarks/head_ablation.py --profile smollm2-135m-instruct
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Serving benchmark: transformers' continuous batching, plain and with duocal plans, at one KV memory.
 
-    python -m duocal_runtime.bench.serving --model DIR --profile NAME_OR_FILE \
+    python -m benchmarks.runtime.serving --model DIR --profile NAME_OR_FILE \
         [--requests 32] [--prompt 2048:4096] [--new 64:128] [--arrivals burst|poisson:RATE] \
         [--plain-requests 4 | --kv-memory 2GiB] [--rows plain,full,duo50,duo75,h2o50,duo50-kv4] [--out F.json]
-    python -m duocal_runtime.bench.serving --shape llama3-8b --device cuda --dtype bfloat16 ...   # random weights
+    python -m benchmarks.runtime.serving --shape llama3-8b --device cuda --dtype bfloat16 ...   # random weights
 
 Every row serves the same requests (prompt lengths and new tokens drawn from the ranges with one
 seed; `burst`: all at once, `poisson:R`: open-loop arrivals at R requests/s) from a pool of the
@@ -30,15 +30,14 @@ import torch
 from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
 
 import duocal_runtime as dr
-
-from ..attention.block_sparse import padded_length
-from ..files.atomic import write_atomic
-from ..files.output_paths import check_output
-from ..hf.apply import apply
-from ..paged.pool_size import plain_request_bytes, pool_blocks, pool_config
-from ..paged.quantized_pages import page_size_for
-from ..planning.budget import Budget
-from .shapes import SHAPES, bench_model, random_scores_profile
+from benchmarks.runtime.shapes import SHAPES, bench_model, random_scores_profile
+from duocal_runtime.attention.block_sparse import padded_length
+from duocal_runtime.files.atomic import write_atomic
+from duocal_runtime.files.output_paths import check_output
+from duocal_runtime.hf.apply import apply
+from duocal_runtime.paged.pool_size import plain_request_bytes, pool_blocks, pool_config
+from duocal_runtime.paged.quantized_pages import page_size_for
+from duocal_runtime.planning.budget import Budget
 
 SERVING_ROWS = ("plain", "full", "duo50", "duo75", "h2o50")
 PAGE = 16
