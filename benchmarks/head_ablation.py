@@ -36,7 +36,7 @@ def main() -> None:
 
     def right(plan: dr.Plan, label: str) -> None:
         answers, _ = answer_all(model, tokenizer, plan, prompts)
-        print(f"{label}: {sum(a.exact and a.clean for a in answers)}/8 right", flush=True)
+        print(f"{label}: {sum(a.right for a in answers)}/8 right", flush=True)
 
     def with_full(full: set) -> dr.Plan:
         sink_window = profile.deploy.sink_window

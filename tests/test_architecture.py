@@ -235,6 +235,7 @@ LAYERS = [
     {"duocal_vllm"},  # the vLLM plugin: one room, on the runtime alone
     {"duocal.reports", "duocal.data"},
     {"duocal.models"},
+    {"duocal.measure"},  # the one way duocal asks a model under a plan and scores it
     {"duocal.calibrate", "duocal.eval"},
     {"duocal.profiling", "duocal.demo", "duocal.serving", "duocal.tuning", "duocal.chat"},
     {"duocal.cli"},

@@ -234,7 +234,8 @@ def test_chat_prompts_keep_the_pass_key_at_the_default_sparsity(smollm2, full_ch
 
 
 def test_chat_answers_score_by_their_first_number_and_repetition_before_it():
-    from duocal.eval.chat_passkey import ChatAnswer, readme_prompt
+    from duocal.eval.chat_passkey import readme_prompt
+    from duocal.measure.chat_answer import ChatAnswer
 
     garbled = ChatAnswer("readme", 71432, "The pass key is the pass key is 71432. Remember it.")
     assert garbled.exact and not garbled.clean

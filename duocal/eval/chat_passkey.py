@@ -11,14 +11,12 @@ Two fixed prompts stay here for the regression test (tests/test_real_model.py), 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
 import duocal_runtime as dr
 from duocal.data.chat_prompts import (
-    CHAT_HAYSTACKS,
     ChatPrompt,
     chat_ids,
     chat_prompts,
@@ -26,13 +24,11 @@ from duocal.data.chat_prompts import (
     document,
     haystack_sentences,
 )
-from duocal.data.needle_values import NUMBER, first_value, kind_of
 from duocal.data.padding import pad_batch, pad_token_id
+from duocal.measure.chat_answer import NEW_TOKENS, ChatAnswer
 
 KEYS = (71432, 71433, 71434, 71435, 28519, 60387, 93146, 45270)
 README_SENTENCES = 125  # README's filler: 25 repeats of the five sentences on each side of the key
-PHRASE_WORDS = 3
-NEW_TOKENS = 16
 BATCH = 8  # prompts per generate(): their attention scores stay small (8 × 9 heads × 1.3k² floats)
 LICENCE_SPLIT = (3000, 5600)  # characters of the GPL-3.0 text before and after the key
 
@@ -62,43 +58,6 @@ PROMPTS = {"readme": readme_prompt, "licence": licence_prompt}
 def regression_prompt(name: str, key: int) -> ChatPrompt:
     """One of the fixed `PROMPTS` with `key` (its depth: the middle, where both hide it)."""
     return ChatPrompt(key, 0.5, PROMPTS[name](key), name)
-
-
-@dataclass(frozen=True)
-class ChatAnswer:
-    """A greedy answer to one prompt (named by its haystack) and key, and how it scores."""
-
-    prompt: str
-    key: int | str  # a number, a word pair or a UUID (duocal/data/needle_values.py)
-    text: str
-
-    @property
-    def given(self) -> re.Match | None:
-        """The first span of the key's shape in the answer (its first number, for a number)."""
-        return first_value(kind_of(self.key), self.text)
-
-    @property
-    def exact(self) -> bool:
-        found = self.given
-        if found is None:
-            return False
-        if kind_of(self.key) == NUMBER:
-            return int(found.group()) == int(self.key)
-        return found.group() == str(self.key).lower()
-
-    @property
-    def clean(self) -> bool:
-        """No phrase of PHRASE_WORDS words twice before the first span of the key's shape (without one: before the
-        first digit, else in the whole answer)."""
-        found = self.given or re.search(r"\d", self.text)
-        return not repeats_a_phrase(self.text[: found.start()] if found else self.text)
-
-
-def repeats_a_phrase(text: str, words: int = PHRASE_WORDS) -> bool:
-    """Whether some run of `words` consecutive words (case and punctuation ignored) occurs twice."""
-    tokens = re.findall(r"[a-z']+", text.lower())
-    phrases = [tuple(tokens[i : i + words]) for i in range(len(tokens) - words + 1)]
-    return len(phrases) != len(set(phrases))
 
 
 def answer_all(
@@ -173,24 +132,6 @@ def chat_work(tokenizer, context: int, samples: int, depths, haystack, seed: int
     check_chat_template(tokenizer)
     prompts = tuple(chat_prompts(tokenizer, context, samples, tuple(depths), haystack, seed))
     return ChatWork(prompts, prompts[0].haystack)
-
-
-def check_chat(depths, answer_tokens: int, protocol: str, questions: str, haystack) -> None:
-    """Raise `ValueError` for options the chat format cannot take (cheap: no tokenizer)."""
-    bad = [d for d in depths if not 0.0 <= d <= 1.0]
-    if bad or not depths:
-        raise ValueError(
-            f"depths must be in [0, 1] (where the key sits in the haystack: 0 its start, 1 its end), "
-            f"got {', '.join(map(str, bad)) or 'none'}"
-        )
-    if answer_tokens < 1:
-        raise ValueError(f"answer tokens must be at least 1, got {answer_tokens}")
-    if protocol != "query-aware" or questions != "one":
-        raise ValueError("the chat format asks one question after its document: leave --protocol and --questions out")
-    if not (isinstance(haystack, str) and (haystack in CHAT_HAYSTACKS or haystack.lower().endswith(".txt"))):
-        raise ValueError(
-            f"the chat format's haystack must be {', '.join(CHAT_HAYSTACKS)} or a .txt file, got {haystack!r}"
-        )
 
 
 def run_chat_row(model, tokenizer, plans, work: ChatWork, answer_tokens: int, tick, batch_size: int = BATCH):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from duocal.data.chat_prompts import HAYSTACK_TEXT
-from duocal.eval.row_kinds import model_positions
+from duocal.measure.limits import model_positions
 
 DEFAULT_SPARSITY = 0.5  # without a profile (dr.DeployDefaults' sparsity)
 

@@ -22,7 +22,6 @@ from duocal.data.padding import pad_token_id
 from duocal.data.passkey_formats import DEMO_PASSKEY_FORMAT
 from duocal.eval.row_kinds import (
     MIX_POLICIES,
-    Progress,
     RowInputs,
     RowPlans,
     build_rows,
@@ -31,13 +30,15 @@ from duocal.eval.row_kinds import (
     check_rows,
     default_rows,
     head_policy,
-    refuse_beyond_positions,
+    refuse_rows_beyond_positions,
     require_profile,
     row_sink_window,
 )
+from duocal.measure.chat_answer import check_chat
+from duocal.measure.limits import Progress
 from duocal_runtime.compat import check_model_supported
 
-from .chat_passkey import ChatWork, chat_work, check_chat, run_chat_row
+from .chat_passkey import ChatWork, chat_work, run_chat_row
 from .protocols import ASK_AFTER, Work, greedy_answers, make_batches, protocols_of
 
 # Not among the demo recipe's data seeds (0-5, 1000-1005, 424242, 424243): held out.
@@ -141,10 +142,10 @@ def check_eval(config: PasskeyEvalConfig, model_config: Any, profile: dr.Profile
     passkeys do not fit every context): cheap, so it can run before the weights are loaded."""
     check_model_supported(model_config)
     advice = "evaluate at most that many tokens"
-    refuse_beyond_positions(config.contexts, model_config, advice, rows=config.rows)
+    refuse_rows_beyond_positions(config.contexts, model_config, advice, rows=config.rows)
     require_profile(config.rows, profile, model_config)
     if config.format == "chat":
-        refuse_beyond_positions(config.contexts, model_config, advice, config.answer_tokens, rows=config.rows)
+        refuse_rows_beyond_positions(config.contexts, model_config, advice, config.answer_tokens, rows=config.rows)
     if tokenizer is not None and config.format == "chat":
         for context in config.contexts:
             chat_work(tokenizer, context, config.samples, config.depths, config.haystack, config.seed)

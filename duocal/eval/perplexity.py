@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,18 +23,18 @@ import torch
 
 import duocal_runtime as dr
 from duocal.eval.row_kinds import (
-    Progress,
     RowInputs,
     RowPlans,
     build_rows,
     check_kv_bits,
     check_rows,
     default_rows,
-    model_positions,
-    refuse_beyond_positions,
+    refuse_rows_beyond_positions,
     require_profile,
     row_sink_window,
 )
+from duocal.measure.limits import Progress, model_positions
+from duocal.measure.text_windows import TEXT_CHUNK, plan_ppl, text_window_losses, text_windows
 from duocal_runtime.quant import hf_baselines as H
 
 
@@ -46,7 +46,7 @@ class PerplexityConfig:
     sparsities: tuple[float, ...] = (0.5,)
     context: int = 2048
     scored: int | None = None
-    chunk: int = 64
+    chunk: int = TEXT_CHUNK
     text_windows: int = 4
     sink: int | None = None
     recent: int | None = None
@@ -101,49 +101,8 @@ def check_text_window_fits(config: PerplexityConfig, model_config, profile: dr.P
     positions, a row that needs a profile without one, a profile of another model."""
     limit = model_positions(model_config)
     rows = (*config.rows, *config.baselines)
-    refuse_beyond_positions([config.context], model_config, f"use --context {limit} or less", rows=rows)
+    refuse_rows_beyond_positions([config.context], model_config, f"use --context {limit} or less", rows=rows)
     require_profile(config.rows, profile, model_config)
-
-
-def text_windows(tokenizer, text: str, context: int, most: int) -> list[torch.Tensor]:
-    """Up to `most` consecutive, non-overlapping text windows of `context` token ids."""
-    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-    count = min(most, len(ids) // context)
-    if count == 0:
-        raise ValueError(
-            f"the text has {len(ids)} tokens, fewer than one text window of {context}; "
-            "use a longer text or a shorter --context"
-        )
-    return [torch.tensor(ids[i * context : (i + 1) * context]) for i in range(count)]
-
-
-@torch.no_grad()
-def text_window_losses(model, cache, text_window: torch.Tensor, scored: int, chunk: int) -> torch.Tensor:
-    """Losses (nats) of the last `scored` tokens of one text window, fed through `cache` (fresh)."""
-    ids = text_window[None].to(model.device)
-    start = ids.shape[1] - scored
-    last = model(input_ids=ids[:, :start], cache=cache, logits_to_keep=1).logits  # predicts token `start`
-    losses = []
-    for i in range(start, ids.shape[1], chunk):
-        piece = ids[:, i : i + chunk]
-        logits = model(input_ids=piece, cache=cache).logits
-        predictions = torch.cat([last, logits[:, :-1]], dim=1)  # [1, len(piece), V]
-        losses.append(torch.nn.functional.cross_entropy(predictions[0].float(), piece[0], reduction="none"))
-        last = logits[:, -1:]
-    return torch.cat(losses)
-
-
-def plan_ppl(
-    model, plan: dr.Plan, text_windows: Sequence[torch.Tensor], config: PerplexityConfig, tick: Callable[[], None]
-) -> float:
-    losses = []
-    with dr.apply(model, plan) as runtime:
-        for text_window in text_windows:
-            losses.append(
-                text_window_losses(model, runtime.new_cache(), text_window, config.scored_tokens, config.chunk)
-            )
-            tick()
-    return math.exp(float(torch.cat(losses).mean()))
 
 
 def plain_bytes(shape: dr.ModelShape, context: int, dtype) -> int:
@@ -179,7 +138,7 @@ def planned_row(
     model, row: RowPlans, text_windows: Sequence[torch.Tensor], config: PerplexityConfig, tick
 ) -> PerplexityRow:
     started = time.perf_counter()
-    ppls = [plan_ppl(model, plan, text_windows, config, tick) for plan in row.plans]
+    ppls = [plan_ppl(model, plan, text_windows, config.scored_tokens, config.chunk, tick) for plan in row.plans]
     dtype = next(model.parameters()).dtype
     return perplexity_row(row, config, ppls, len(text_windows), dtype, time.perf_counter() - started)
 

@@ -19,7 +19,7 @@ import torch
 
 from duocal.data import PasskeySample
 from duocal.data.padding import pad_batch
-from duocal.data.passkey import TokenKind
+from duocal.measure.decoding import greedy, prefill, question_start
 
 PROTOCOLS = ("query-aware", "query-agnostic", "multi-turn")
 CHOICES = (*PROTOCOLS, "both", "all")  # both: query-aware and query-agnostic; all: the three
@@ -30,11 +30,6 @@ def protocols_of(choice: str, choices: tuple[str, ...] = CHOICES) -> tuple[str, 
     if choice not in choices:
         raise ValueError(f"unknown protocol {choice!r}; choose one of {', '.join(choices)}")
     return {"both": PROTOCOLS[:2], "all": PROTOCOLS}.get(choice, (choice,))
-
-
-def question_start(sample: PasskeySample) -> int:
-    """The first token of the first question: everything before it is the context."""
-    return next(i for i, kind in enumerate(sample.kinds) if kind == TokenKind.QUESTION)
 
 
 @dataclass(frozen=True)
@@ -92,23 +87,6 @@ class Asked:
     answers: list[tuple[int, ...]]  # one per question, as long as its expected answer (or shorter at EOS)
     kv_bytes: int  # the most bytes the cache (or one copy) held
     seen: list[int]  # tokens the cache had seen when each question came
-
-
-def prefill(model, runtime, ids) -> object:
-    cache = runtime.new_cache()
-    model(input_ids=torch.tensor([list(ids)], device=next(model.parameters()).device), cache=cache, logits_to_keep=1)
-    return cache
-
-
-def greedy(model, ids, cache, new: int) -> tuple[int, ...]:
-    """`new` greedy tokens after `ids` on `cache` (which has seen a prefix of `ids`)."""
-    out = model.generate(
-        input_ids=torch.tensor([list(ids)], device=next(model.parameters()).device),
-        cache=cache,
-        max_new_tokens=new,
-        do_sample=False,
-    )
-    return tuple(out[0, len(ids) :].tolist())
 
 
 @torch.no_grad()

@@ -26,13 +26,13 @@ from typing import Any
 
 import duocal_runtime as dr
 from duocal.eval import ROW_NAMES
+from duocal.measure.limits import refuse_beyond_positions as beyond_positions
 from duocal_runtime.planning.head_order import bounded_head_count
 from duocal_runtime.policies import POLICIES
 
 MIX_POLICIES = ("full", "sink_window", "h2o")
 KV_BITS = (16, 8, 4)  # widths full heads store (duocal_runtime.quant.codes.BITS)
 DEFAULT_SINK_WINDOW = dr.SinkWindow()
-Progress = Callable[[int, int, str], None]  # (units done, units in all, what is running)
 
 
 @dataclass(frozen=True)
@@ -252,28 +252,17 @@ def require_profile(rows: Sequence[str], profile: dr.Profile | None, model_confi
         profile.check_compatible(model_config)
 
 
-def model_positions(model_config: Any) -> int | None:
-    """The positions the model was trained for (`max_position_embeddings` of its text config), if it says."""
-    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    return getattr(text_config, "max_position_embeddings", None)
-
-
-def refuse_beyond_positions(
+def refuse_rows_beyond_positions(
     contexts, model_config: Any, advice: str, generated: int = 0, rows: Sequence[str] | None = None
 ) -> None:
-    """Raise `ValueError` for the first context (plus `generated` tokens) beyond the model's positions, unless
-    every one of `rows` streams (no head sees a distance past what it keeps)."""
-    limit = model_positions(model_config)
-    beyond = [c for c in contexts if limit is not None and c + generated > limit]
-    if not beyond or (rows and all(ROWS[r].streams for r in rows if r in ROWS) and set(rows) <= set(ROWS)):
+    """`measure.limits.refuse_beyond_positions`, unless every one of `rows` streams (no head sees a distance past
+    what it keeps); the refusal names the rows whose heads see original positions."""
+    if rows and set(rows) <= set(ROWS) and all(ROWS[r].streams for r in rows):
         return
-    plus = f" + {generated} generated tokens" if generated else ""
     held = [r for r in rows or () if r not in ROWS or not ROWS[r].streams]
     which = f": rows {', '.join(held)} have heads that see original positions" if held else ""
     streaming = ", or evaluate only --rows streaming (positions within the cache: no limit)" if rows else ""
-    raise ValueError(
-        f"context {beyond[0]}{plus} is beyond the model's max_position_embeddings ({limit}){which}; {advice}{streaming}"
-    )
+    beyond_positions(contexts, model_config, f"{advice}{streaming}", generated, which)
 
 
 def row_sink_window(

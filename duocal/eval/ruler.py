@@ -24,16 +24,16 @@ from typing import Any
 import duocal_runtime as dr
 from duocal.eval.row_kinds import (
     MIX_POLICIES,
-    Progress,
     RowInputs,
     build_rows,
     check_mix_policies,
     check_rows,
     head_policy,
-    refuse_beyond_positions,
+    refuse_rows_beyond_positions,
     require_profile,
     row_sink_window,
 )
+from duocal.measure.limits import Progress
 
 from . import ruler_tasks as T
 from .protocols import SINGLE_QUESTION, protocols_of
@@ -126,7 +126,7 @@ def row_protocols(row, protocols: tuple[str, ...]) -> tuple[str, ...]:
 
 def check_contexts(config: RulerConfig, model_config) -> None:
     advice = "lm-eval would cut the start of the prompt: choose a shorter --contexts"
-    refuse_beyond_positions(config.contexts, model_config, advice, generated=MAX_NEW_TOKENS)
+    refuse_rows_beyond_positions(config.contexts, model_config, advice, generated=MAX_NEW_TOKENS)
 
 
 def evaluate_ruler(

@@ -18,8 +18,7 @@ from typing import Any
 import torch
 
 import duocal_runtime as dr
-
-from .row_kinds import Progress
+from duocal.measure.limits import Progress
 
 
 def ruler_question_start(tokenizer, ids: list[int]) -> int:

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 import duocal_runtime as dr
-from duocal.eval.row_kinds import Progress
 from duocal.eval.stream_text import TokenTape
+from duocal.measure.limits import Progress
 from duocal_runtime.quant.hf_baselines import cache_bytes as transformers_cache_bytes
 
 STREAM_ROWS = ("full", "streaming-original", "streaming", "duo")

@@ -31,10 +31,10 @@ from duocal.data.chat_answers import answered_chat
 from duocal.data.chat_prompts import CHAT_DEPTHS, FRAMINGS, alternating, chat_prompts, check_chat_template
 from duocal.data.needle_values import NUMBER, VALUE_KINDS, check_choices
 from duocal.data.prompt_kinds import mixed_prompts, needs_template, prompt_mix
-from duocal.eval.chat_passkey import ChatAnswer, check_chat
-from duocal.eval.perplexity import text_windows
-from duocal.eval.protocols import question_start
-from duocal.eval.row_kinds import Progress, refuse_beyond_positions
+from duocal.measure.chat_answer import ChatAnswer, check_chat
+from duocal.measure.decoding import own_answer, question_start
+from duocal.measure.limits import Progress, refuse_beyond_positions
+from duocal.measure.text_windows import text_windows
 from duocal.profiling import PROFILER_SEED
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_keys, kept_share, retrieval_score, selected_by_passes, snapkv_kept
@@ -47,7 +47,6 @@ from duocal_runtime.quant.codes import default_group
 # What the chat format's loss score scores (ProfilerConfig.answer): full attention's own greedy answer where it
 # is right, else the written one ("right"); its own answer always ("own"); the written answer always ("written").
 ANSWERS = ("right", "own", "written")
-OWN_ANSWER_TOKENS = 16  # full attention's greedy answer, as `eval passkey --format chat` reads answers
 
 
 @dataclass(frozen=True)
@@ -351,34 +350,18 @@ def scored_answer(model, tokenizer, seq: ProfiledSequence, answer: str, cache=No
     """((the token ids, the answer rows) the loss score scores, whether that is the written answer): without a
     `cache` (the answer is not the model's own) the sequence as written; else full attention's own greedy answer
     decoded from `cache` (its pass over the sequence), or for `right` the written answer where its own is not
-    exact (the first number not the key). Scored on its own wrong answers ("The pass key is the name of a specific
-    type of pass"), the loss ranks the heads that keep that answer: on SmolLM2 such a profile lost 12 of 22 of
-    full attention's right answers at 0.75 on held-out prompts, scored on the right answer it lost none."""
+    right (`ChatAnswer.right`: not exact, or garbled before the key). Scored on its own wrong answers ("The pass
+    key is the name of a specific type of pass"), the loss ranks the heads that keep that answer (on SmolLM2 such
+    a profile lost 12 of 22 of full attention's right answers at 0.75 on held-out prompts; scored on the right
+    answer, none)."""
     if cache is None:
         return (seq.ids, seq.loss_rows), False
     prompt_end = seq.loss_rows[0] + 1
     said, rows = own_answer(model, seq.ids, prompt_end, tokenizer.eos_token_id, cache)
     text = tokenizer.decode(said[prompt_end:], skip_special_tokens=True)
-    if answer == "right" and not ChatAnswer("profile", seq.key, text).exact:
+    if answer == "right" and not ChatAnswer("profile", seq.key, text).right:
         return (seq.ids, seq.loss_rows), True
     return (said, rows), False
-
-
-@torch.no_grad()
-def own_answer(model, ids: list[int], prompt_end: int, eos: int | None, cache=None) -> tuple[list[int], list[int]]:
-    """(the prompt and full attention's greedy answer to it, the rows that predict that answer's tokens): the
-    loss score then ranks the heads that keep what the model itself says, not a written answer it would not
-    give ("The pass key is K." where SmolLM2 says "The pass key mentioned in the text is K."). `cache`: a
-    `DynamicCache` of a pass over `ids` (or its start), cut back here so that decoding feeds the prompt's last
-    token; without it, generate prefills the prompt."""
-    device = next(model.parameters()).device
-    prompt = torch.tensor([ids[:prompt_end]], device=device)
-    if cache is not None:
-        cache.crop(-(cache.get_seq_length() - (prompt_end - 1)))  # a negative count: transformers 5 crops by it
-    new_tokens = max(OWN_ANSWER_TOKENS, len(ids) - prompt_end + 4)  # 4 more than the written answer (a UUID's: ~40)
-    said = model.generate(prompt, cache=cache, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos)
-    said = said[0].tolist()
-    return said, list(range(prompt_end - 1, len(said) - 1))
 
 
 def policy_settings(policy: dr.HeadPolicy | None, config: ProfilerConfig) -> dict[str, Any]:

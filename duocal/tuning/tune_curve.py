@@ -40,10 +40,10 @@ import torch
 import duocal_runtime as dr
 from duocal.data.chat_prompts import check_chat_template
 from duocal.data.prompt_kinds import needs_template, prompt_mix
-from duocal.eval.chat_passkey import NEW_TOKENS, ChatAnswer
-from duocal.eval.perplexity import PerplexityConfig, plan_ppl, text_windows
-from duocal.eval.protocols import greedy
-from duocal.eval.row_kinds import Progress, refuse_beyond_positions
+from duocal.measure.chat_answer import NEW_TOKENS, ChatAnswer
+from duocal.measure.decoding import greedy
+from duocal.measure.limits import Progress, refuse_beyond_positions
+from duocal.measure.text_windows import TEXT_CHUNK, plan_ppl, text_windows
 from duocal_runtime.hf.cache import full_attention_kv
 
 from .tune_data import SHORT_ANSWER_TOKENS, Conversation, TuneData, split_sets
@@ -160,7 +160,7 @@ def answer_scores(
         return loss, True, known  # greedy decoding would say full attention's right answer
     said = greedy(model, item.prompt, free, answer_room(item))
     answered = ChatAnswer("tune", item.key, work.decode(list(said)).strip())
-    right = answered.exact and answered.clean
+    right = answered.right
     return loss, right, said if right else None
 
 
@@ -194,10 +194,8 @@ def point(
     full_bytes = dr.uniform_plan(plan.shape, dr.Full()).kv_bytes(context, 1, dtype)
     kv_bytes = plan.kv_bytes(context, 1, dtype)
     if work.text_windows:
-        config = PerplexityConfig(
-            rows=("full",), context=context, text_windows=len(work.text_windows), scored=work.scored
-        )
-        loss, exact, answered = math.log(plan_ppl(model, plan, work.text_windows, config, tick)), None, None
+        ppl = plan_ppl(model, plan, work.text_windows, work.scored, TEXT_CHUNK, tick)
+        loss, exact, answered = math.log(ppl), None, None
         right_answers = None
     else:
         scores = []

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from duocal.data.needle_values import VALUE_KINDS, draw_value, first_value, kind_of
-from duocal.eval.chat_passkey import ChatAnswer
+from duocal.measure.chat_answer import ChatAnswer
 
 
 @pytest.mark.parametrize("kind", VALUE_KINDS)

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 import duocal_runtime as dr
 from duocal.cli.app import app
 from duocal.demo import DEMO_MODEL_DIR
-from duocal.eval.perplexity import PerplexityConfig, evaluate_perplexity, text_windows
+from duocal.eval.perplexity import PerplexityConfig, evaluate_perplexity
+from duocal.measure.text_windows import text_windows
 
 TEXT = "the quick brown fox jumps over the lazy dog while the passkey waits. " * 40
 

@@ -11,7 +11,8 @@ import duocal_runtime as dr
 from duocal.cli import app
 from duocal.data.passkey import TokenKind
 from duocal.eval import passkey_retrieval as pk
-from duocal.eval.protocols import answers_in_turns, answers_on_copies, protocols_of, question_start
+from duocal.eval.protocols import answers_in_turns, answers_on_copies, protocols_of
+from duocal.measure.decoding import question_start
 from duocal.models import ModelRef
 
 
