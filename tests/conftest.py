@@ -65,6 +65,16 @@ def tiny_llama():
     return tiny_model("llama")
 
 
+@pytest.fixture(scope="module")
+def four_layers():
+    """A random Llama of 4 layers x 2 KV heads in float64 (exact gradients), shared by a module's tests."""
+    import torch
+
+    from helpers.models import tiny_model
+
+    return tiny_model(dtype=torch.float64, layers=4)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_folder(tmp_path_factory) -> Path:
     """A random 2-layer Llama with the demo tokenizer, saved to a folder (helpers.models.save_tiny_model)."""

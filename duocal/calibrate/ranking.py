@@ -21,6 +21,7 @@ import torch
 
 from duocal.calibrate.engine import Distributed
 from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
+from duocal.calibrate.nested_ranking import nested_ranking
 from duocal.calibrate.plan_loss import PlanLoss
 from duocal.calibrate.recipe import load_recipe
 
@@ -99,10 +100,11 @@ def rerank_profile(profile, recipe=None, overrides: list[str] = ()):
 
     One process, no training: the scores play the part of the gates. Data, sink window and ranking
     settings come from `recipe` (default: the demo recipe) with `key=value` overrides; the model
-    is the recipe's. Returns a new `Profile` whose source records the measured order.
+    is the recipe's. The ties among the top heads are measured unless `ranking.method=gates`; with
+    `ranking.nested=true` the order then goes sparsest plan first (nested_ranking.py). Returns a new `Profile`
+    whose source records the measured order.
     """
     recipe = recipe if recipe is not None and not overrides else load_recipe(recipe, list(overrides))
-    recipe.ranking.method = "measured"
     checked = check_recipe(recipe)
     profile.check_compatible(checked.config)
     model = load_frozen_model(recipe)
@@ -110,4 +112,7 @@ def rerank_profile(profile, recipe=None, overrides: list[str] = ()):
         objective = build_objective(model, recipe, init=1.0)
         raw = torch.tensor(profile.scores, dtype=torch.float32)
         scores, info = rank_heads(recipe, objective, raw, checked.tokenizer, checked.pad_id)
+    if recipe.ranking.nested:
+        scores, nested = nested_ranking(recipe, model, checked.tokenizer, scores)
+        info = {**info, **nested}
     return replace(profile, scores=scores, source={**profile.source, "reranked": info})

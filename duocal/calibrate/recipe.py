@@ -126,6 +126,9 @@ class RankingSection(Section):
     samples: PositiveInt = 8  # held-out samples on which candidate plans are measured
     seed: int = 2025
     max_candidates: PositiveInt = 8
+    nested: bool = False  # then order the heads sparsest plan first by the answer loss (calibrate/nested_ranking.py)
+    nested_samples: PositiveInt = 12  # prompts of every kind of data.values / framings / haystack it is measured on
+    nested_context: PositiveInt = 1536  # tokens per prompt at most
 
 
 class DeploySection(Section):

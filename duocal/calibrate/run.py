@@ -32,6 +32,7 @@ from duocal.calibrate import engine as ds
 from duocal.calibrate.batches import StepData
 from duocal.calibrate.gates import clamp_trainable_
 from duocal.calibrate.model import build_objective, calibration_attention, check_recipe, load_frozen_model
+from duocal.calibrate.nested_ranking import rerank_file
 from duocal.calibrate.recipe import Recipe, load_resolved
 from duocal.calibrate.ulysses import SequenceParallel
 from duocal.reports.progress import LineProgress, stderr_line
@@ -109,7 +110,10 @@ def _calibrate(recipe: Recipe, output: Path, resume: bool, where: ds.Distributed
     set_seed(recipe.train.seed)
     model = load_frozen_model(recipe)
     with calibration_attention(model):
-        return _train_and_rank(recipe, output, resume, where, checked, model)
+        path = _train_and_rank(recipe, output, resume, where, checked, model)
+    if path is not None and recipe.ranking.nested:  # the main process, the gated attention gone
+        rerank_file(path, recipe, model, checked.tokenizer)
+    return path
 
 
 def _train_and_rank(recipe, output, resume, where: ds.Distributed, checked, model) -> Path | None:

@@ -122,11 +122,20 @@ def profiler_command(
             "with every gate at 1: for plans at S. The profile deploys at S and its source records S.",
         ),
     ] = None,
+    nested: Annotated[
+        bool,
+        typer.Option(
+            "--nested",
+            help="Order the heads sparsest plan first: the loss score picks the 0.9375 plan's heads, then each of "
+            "0.875, 0.75, 0.625 and 0.5 adds the heads whose loss gain, measured at the plan so far, is largest "
+            "(5 more passes).",
+        ),
+    ] = False,
     answer: Annotated[
         str,
         typer.Option(
-            help="What the chat format's loss score scores: full attention's own greedy answer where its first "
-            'number is the key, else the written answer "The pass key is K." (right); its own answer always (own); '
+            help="What the chat format's loss score scores: full attention's own greedy answer where it is exact and "
+            'clean, else the written answer "The pass key is K." (right); its own answer always (own); '
             "the written answer always (written)."
         ),
     ] = "right",
@@ -172,9 +181,10 @@ def profiler_command(
         body = None if text is None else read_text(text, "--text")
         tokenizer = ref.load_tokenizer()
         chosen_format = passkey_format or default_format(ref, tokenizer, data)
-        if scores_from and loss_at_sparsity is not None:
+        if scores_from and (loss_at_sparsity is not None or nested):
             raise ValueError(
-                "--loss-at-sparsity ranks the heads, --scores-from keeps another profile's ranking: give one of them"
+                "--loss-at-sparsity and --nested rank the heads, --scores-from keeps another profile's ranking: give "
+                "one of them"
             )
         base = dr.load_profile(scores_from) if scores_from else None
         default_sink, default_recent = (
@@ -195,6 +205,7 @@ def profiler_command(
             framings=tuple(split(framing, str, "framing")),
             score=score,
             loss_at_sparsity=loss_at_sparsity,
+            nested=nested,
             num_passkeys=passkeys,
             seed=seed,
             sink=default_sink if sink is None else sink,

@@ -7,7 +7,7 @@ import torch
 
 from duocal.data import PasskeySample
 from duocal.data.passkey import TokenKind
-from duocal.measure.chat_answer import NEW_TOKENS
+from duocal.measure.chat_answer import NEW_TOKENS, ChatAnswer
 
 
 def question_start(sample: PasskeySample) -> int:
@@ -47,3 +47,12 @@ def own_answer(model, ids: list[int], prompt_end: int, eos: int | None, cache=No
     said = model.generate(prompt, cache=cache, max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos)
     said = said[0].tolist()
     return said, list(range(prompt_end - 1, len(said) - 1))
+
+
+def right_answer(model, tokenizer, ids: list[int], prompt_end: int, key, cache=None) -> tuple[tuple, bool]:
+    """((token ids, the rows that predict the answer), whether that is the written answer): full attention's own
+    greedy answer where it is right (`ChatAnswer.right`), else the answer written in `ids` after `prompt_end`."""
+    said, rows = own_answer(model, ids, prompt_end, tokenizer.eos_token_id, cache)
+    if ChatAnswer("right", key, tokenizer.decode(said[prompt_end:], skip_special_tokens=True)).right:
+        return (said, rows), False
+    return (ids, list(range(prompt_end - 1, len(ids) - 1))), True

@@ -23,10 +23,9 @@ import torch
 import torch.nn.functional as F
 
 import duocal_runtime as dr
+from duocal.measure.answer_loss import attention_function
 from duocal.profiling.quantization_error import output_error
-from duocal_runtime import compat
 
-NAME = "duocal_profiler"
 BLOCK_ELEMENTS = 1 << 22  # query rows x keys per block of probabilities (16 MiB in fp32)
 
 
@@ -81,16 +80,3 @@ def recording(model, rows: Sequence[int], quantized: Sequence[dr.Full] = (), sco
     stats = AttentionStats(rows, quantized, scored)
     with attention_function(model, stats.attention):
         yield stats
-
-
-@contextlib.contextmanager
-def attention_function(model, function):
-    """Inside the block, `model`'s attention layers call `function` (transformers' attention signature)."""
-    previous = compat.attention_implementation(model)
-    compat.register(NAME, function)
-    compat.set_attention_implementation(model, NAME)
-    try:
-        yield
-    finally:
-        compat.set_attention_implementation(model, previous)
-        compat.unregister(NAME)

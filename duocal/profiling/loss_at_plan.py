@@ -2,7 +2,7 @@
 
 At g = 1 the loss score asks what streaming one head costs when every other head is full. At a high
 sparsity most heads are bounded, and which heads matter then can differ. Here the gates sit at the
-hard values of the plan for S (1: kept full, 0: bounded; streaming_loss.py): a bounded head's score
+hard values of the plan for S (1: kept full, 0: bounded; measure/answer_loss.py): a bounded head's score
 is the first-order gain of keeping it full with the others as the plan has them, a full head's the
 first-order cost of bounding it. The first plan comes from the g = 1 ranking; each round scores at
 the current plan and re-plans from those scores, until a plan comes back (converged, or a cycle) or
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 import duocal_runtime as dr
-from duocal.profiling.streaming_loss import streaming_loss
+from duocal.measure.answer_loss import plan_point, streaming_loss
 from duocal_runtime.planning.head_order import bounded_heads_for_sparsity
 
 ROUNDS = 4  # rounds at the plan's point after the g = 1 pass (SmolLM2 settles in fewer)
@@ -46,13 +46,6 @@ def check_loss_at_sparsity(sparsity: float | None, score: str) -> None:
         raise ValueError(f"--loss-at-sparsity ranks heads by the loss score; the score here is {score}")
     if isinstance(sparsity, bool) or not isinstance(sparsity, int | float) or not 0 < sparsity < 1:
         raise ValueError(f"--loss-at-sparsity must be between 0 and 1 (exclusive), got {sparsity!r}")
-
-
-def plan_point(shape: torch.Size, bounded: set[int]) -> torch.Tensor:
-    """[L, G]: 1 for a full head, 0 for a bounded one (flat index: layer × KV heads + head)."""
-    gates = torch.ones(shape)
-    gates.view(-1)[sorted(bounded)] = 0.0
-    return gates
 
 
 def bounded_at(scores: torch.Tensor, sparsity: float) -> frozenset[int]:

@@ -1,4 +1,4 @@
-"""How a profiler's scores rank heads, from what it measured (profiler.py, streaming_loss.py)."""
+"""How a profiler's scores rank heads, from what it measured (profiler.py, measure/answer_loss.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from duocal_runtime.profile.measurements import kept_name
 
 # How the profile's scores rank heads: `retrieval`, attention mass on the needle (passkey data);
 # `kept`, 1 - the sink window's kept share; `loss`, the first-order rise of the answer's loss when the
-# head alone streams (streaming_loss.py).
+# head alone streams (measure/answer_loss.py).
 SCORES = ("loss", "retrieval", "kept")
 
 SCORE_METHODS = {

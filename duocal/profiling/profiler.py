@@ -6,7 +6,7 @@ the retrieval score looks at the queried needle), chat prompts with their answer
 `chat` format: data/chat_answers.py), or text windows of a text file (the rows are the last `text_rows`
 positions of each text window; no retrieval score). The profile's scores (`score`, profile_scores.py)
 are the answer's loss rise when one head streams (chat; a second pass with a backward pass,
-streaming_loss.py), the retrieval score (other passkeys) or 1 − the sink window's kept share
+measure/answer_loss.py), the retrieval score (other passkeys) or 1 − the sink window's kept share
 (text); its measurements are
 `retrieval`, `kept:<policy>` for sink_window, h2o, sink_h2o and snapkv at the same capacity per
 head, and `error:full-kv8` / `error:full-kv4` (what KIVI codes change in a full head's output,
@@ -31,16 +31,17 @@ from duocal.data.chat_answers import answered_chat
 from duocal.data.chat_prompts import CHAT_DEPTHS, FRAMINGS, alternating, chat_prompts, check_chat_template
 from duocal.data.needle_values import NUMBER, VALUE_KINDS, check_choices
 from duocal.data.prompt_kinds import mixed_prompts, needs_template, prompt_mix
-from duocal.measure.chat_answer import ChatAnswer, check_chat
-from duocal.measure.decoding import own_answer, question_start
+from duocal.measure.answer_loss import streaming_loss
+from duocal.measure.chat_answer import check_chat
+from duocal.measure.decoding import own_answer, question_start, right_answer
 from duocal.measure.limits import Progress, refuse_beyond_positions
+from duocal.measure.nested_order import order_from_answer_loss
 from duocal.measure.text_windows import text_windows
 from duocal.profiling import PROFILER_SEED
 from duocal.profiling.attention_stats import recording
 from duocal.profiling.head_scores import kept_keys, kept_share, retrieval_score, selected_by_passes, snapkv_kept
 from duocal.profiling.loss_at_plan import check_loss_at_sparsity, loss_at_sparsity
 from duocal.profiling.profile_scores import SCORE_METHODS, SCORES, chosen_scores
-from duocal.profiling.streaming_loss import streaming_loss
 from duocal_runtime.profile.measurements import Measurement, error_name, kept_name
 from duocal_runtime.quant.codes import default_group
 
@@ -70,6 +71,7 @@ class ProfilerConfig:
     answer: str = "right"  # what the chat format's loss score scores (ANSWERS)
     values: tuple[str, ...] = (NUMBER,)  # the chat format: the keys' kinds, mixed (data/prompt_kinds.py)
     framings: tuple[str, ...] = ("chat",)  # and framings: the chat template, plain text or both
+    nested: bool = False  # the loss score's heads ordered sparsest plan first (measure/nested_order.py)
 
     @property
     def mixed(self) -> bool:
@@ -96,6 +98,10 @@ class ProfilerConfig:
         if self.score not in (None, *SCORES) or (self.data == "text" and self.score == "retrieval"):
             raise ValueError(f"score must be one of {', '.join(SCORES)} (text windows have no needle: no retrieval)")
         check_loss_at_sparsity(self.loss_at_sparsity, self.chosen_score)
+        if self.nested and (self.chosen_score != "loss" or self.loss_at_sparsity is not None):
+            raise ValueError(
+                "--nested orders heads by the loss score at each plan: give no --loss-at-sparsity or --score"
+            )
         if self.format == "chat":
             for haystack in self.haystacks:
                 check_chat(self.depths, 1, self.protocol, "one", haystack)
@@ -338,6 +344,11 @@ def answer_loss_score(model, measured: Measured, config: ProfilerConfig, report:
     recorded = {"written_answers": measured.written} if config.scores_own_answer and config.answer == "right" else {}
     sink_window = dr.SinkWindow(config.sink, config.recent)
     what = "sequences scored by answer loss"
+    if config.nested:
+        progress = lambda done, total: report(len(pairs) + done, len(pairs) + total, what)  # noqa: E731
+        order = order_from_answer_loss(model, pairs, sink_window, progress)
+        shape = dr.shape_of_config(model.config)
+        return torch.tensor(order.scores(shape)), {**recorded, **order.source(shape.num_key_value_heads)}
     if config.loss_at_sparsity is None:
         scores = streaming_loss(model, pairs, sink_window, lambda done: report(len(pairs) + done, 2 * len(pairs), what))
         return scores, recorded
@@ -357,11 +368,9 @@ def scored_answer(model, tokenizer, seq: ProfiledSequence, answer: str, cache=No
     if cache is None:
         return (seq.ids, seq.loss_rows), False
     prompt_end = seq.loss_rows[0] + 1
-    said, rows = own_answer(model, seq.ids, prompt_end, tokenizer.eos_token_id, cache)
-    text = tokenizer.decode(said[prompt_end:], skip_special_tokens=True)
-    if answer == "right" and not ChatAnswer("profile", seq.key, text).right:
-        return (seq.ids, seq.loss_rows), True
-    return (said, rows), False
+    if answer == "right":
+        return right_answer(model, tokenizer, seq.ids, prompt_end, seq.key, cache)
+    return own_answer(model, seq.ids, prompt_end, tokenizer.eos_token_id, cache), False
 
 
 def policy_settings(policy: dr.HeadPolicy | None, config: ProfilerConfig) -> dict[str, Any]:

@@ -8,7 +8,9 @@ import pytest
 import transformers as tf
 from typer.testing import CliRunner
 
+import duocal_runtime as dr
 from duocal.calibrate.batches import StepData, make_generator
+from duocal.calibrate.nested_ranking import HAYSTACKS, prompt_kinds
 from duocal.calibrate.recipe import DataSection, load_recipe
 from duocal.cli.app import app
 from duocal.data.needle_values import kind_of
@@ -50,14 +52,19 @@ def test_bad_mixed_settings_are_refused(smollm2_tokenizer, settings, message):
         make_generator(DataSection(**settings), smollm2_tokenizer)
 
 
-def test_a_tiny_model_calibrates_on_mixed_samples(smollm2_tokenizer, tmp_path):
-    folder = tmp_path / "model"
+def tiny_model_folder(tokenizer, folder, layers: int = 2):
+    """A random-weight Llama of `layers` x 2 KV heads with `tokenizer`, saved in `folder`."""
     config = tf.LlamaConfig(
-        vocab_size=len(smollm2_tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=4, max_position_embeddings=2048,
     )  # fmt: skip
     tf.LlamaForCausalLM(config).save_pretrained(folder)
-    smollm2_tokenizer.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_tiny_model_calibrates_on_mixed_samples(smollm2_tokenizer, tmp_path):
+    folder = tiny_model_folder(smollm2_tokenizer, tmp_path / "model")
     overrides = [f"model.name_or_path={folder}", "data.format=mixed", "data.haystack=repeated,text"]
     overrides += ["data.context=[500,600]", "data.num_passkeys=1", "data.depth=[0.1,0.9]"]
     recipe = load_recipe(None, overrides)
@@ -72,3 +79,37 @@ def test_a_tiny_model_calibrates_on_mixed_samples(smollm2_tokenizer, tmp_path):
     assert [line["step"] for line in lines] == [1, 2] and lines[0]["distill_loss"] == 0.0  # gates start at 1
     assert lines[1]["distill_loss"] > 0 and lines[1]["reg_loss"] < 1.0  # the gates moved: the answer's loss
     assert json.loads((out / "profile.json").read_text())["source"]["recipe"]["data"]["format"] == "mixed"
+
+
+def test_a_nested_ranking_orders_the_calibrated_heads_sparsest_plan_first(smollm2_tokenizer, tmp_path):
+    """`ranking.nested`: after the training, each tier of the plans at 0.9375 ... 0.5 (8 heads: 1, 2, 3, 4 full)
+    holds the heads before it, measured on prompts of every kind; the profile records the tiers."""
+    folder = tiny_model_folder(smollm2_tokenizer, tmp_path / "model", layers=4)
+    overrides = [f"model.name_or_path={folder}", "attention.sink=4", "attention.recent=16", "attention.block=16"]
+    overrides += ["data.format=digits", "data.haystack=repeated", "data.num_passkeys=1", "data.context=[200,300]"]
+    overrides += ["ranking.method=gates", "ranking.nested=true", "deploy.sink=4"]
+    overrides += ["deploy.recent=16", "ranking.nested_samples=3", "ranking.nested_context=400", "train.steps=2"]
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["calibrate", *overrides, "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    profile = dr.load_profile(out / "profile.json")
+    tiers = profile.source["ranking"]["nested"]
+    assert [(t["sparsity"], len(t["added"])) for t in tiers] == [(0.875, 1), (0.75, 1), (0.625, 1), (0.5, 1)]
+    assert profile.source["ranking"]["samples"] == 3
+    flat = [s for row in profile.scores for s in row]
+    assert len(set(flat)) == 8  # a strict order
+    full_before = set()
+    for tier in tiers:
+        full_before |= {tuple(h) for h in tier["added"]}
+        plan = dr.plan(profile, sparsity=tier["sparsity"])
+        full = {(layer, h) for layer, row in enumerate(plan.policies) for h, p in enumerate(row) if p.name == "full"}
+        assert full_before <= full and len(full) == 8 - round(tier["sparsity"] * 8)
+
+
+def test_the_nested_ranking_asks_every_kind_the_tokenizer_can_frame(smollm2_tokenizer):
+    plain_only = type("NoTemplate", (), {"chat_template": None})()
+    digits = load_recipe(None, [])
+    assert prompt_kinds(digits, smollm2_tokenizer) == (("number", "word", "uuid"), ("chat", "plain"), HAYSTACKS)
+    assert prompt_kinds(digits, plain_only)[1] == ("plain",)
+    mixed = load_recipe(None, ["data.format=mixed", "data.haystack=text", "data.num_passkeys=1", "data.values=[uuid]"])
+    assert prompt_kinds(mixed, smollm2_tokenizer) == (("uuid",), ("chat", "plain"), ("text",))

@@ -40,7 +40,19 @@ CASES = {
     ),
     "profile, loss at sparsity with --scores-from": (
         ["profile", "--scores-from", OTHER_MODELS_PROFILE, "--loss-at-sparsity", "0.75", "--output", "{tmp}/out.json"],
-        "--loss-at-sparsity ranks the heads, --scores-from keeps another profile's ranking: give one of them",
+        "--loss-at-sparsity and --nested rank the heads, --scores-from keeps another profile's ranking",
+    ),
+    "profile, nested with --scores-from": (
+        ["profile", "--scores-from", OTHER_MODELS_PROFILE, "--nested", "--output", "{tmp}/out.json"],
+        "--loss-at-sparsity and --nested rank the heads, --scores-from keeps another profile's ranking",
+    ),
+    "profile, nested with another score": (
+        ["profile", "--score", "kept", "--nested", "--output", "{tmp}/out.json"],
+        "--nested orders heads by the loss score at each plan",
+    ),
+    "profile, nested with loss at sparsity": (
+        ["profile", "--score", "loss", "--nested", "--loss-at-sparsity", "0.75", "--output", "{tmp}/out.json"],
+        "--nested orders heads by the loss score at each plan",
     ),
     "serve, profile of another model": (["serve", "--profile", OTHER_MODELS_PROFILE, "--port", "0"], ANOTHER_MODEL),
     "serve, missing profile": (["serve", "--profile", "/no/such/profile.json", "--port", "0"], NO_PROFILE),

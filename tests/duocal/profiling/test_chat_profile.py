@@ -11,6 +11,7 @@ from duocal.cli.app import app
 from duocal.data.chat_answers import ANSWER, answered_chat
 from duocal.data.chat_prompts import chat_ids, chat_prompts
 from duocal.data.needle_values import kind_of
+from duocal.measure import decoding
 from duocal.profiling import ProfilerConfig, profiler
 from duocal.profiling.profiler import own_answer, scored_answer, sequences
 
@@ -158,6 +159,7 @@ def test_the_right_answer_is_full_attentions_own_answer_where_it_gives_the_key(
         return ids[:prompt_end] + answer_ids, list(range(prompt_end - 1, prompt_end + len(answer_ids) - 1))
 
     monkeypatch.setattr(profiler, "own_answer", own)
+    monkeypatch.setattr(decoding, "own_answer", own)  # `right` asks for it through the measuring floor
     pairs, counted = zip(
         *[scored_answer(None, smollm2_tokenizer, seq, answer, cache="kept") for seq in chat], strict=True
     )

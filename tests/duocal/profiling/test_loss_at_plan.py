@@ -9,21 +9,13 @@ from typer.testing import CliRunner
 
 import duocal_runtime as dr
 from duocal.cli.app import app
+from duocal.measure.answer_loss import StreamingGates, answer_loss, attention_function, frozen, streaming_loss
 from duocal.profiling import ProfilerConfig
 from duocal.profiling import loss_at_plan as lap
-from duocal.profiling.attention_stats import attention_function
-from duocal.profiling.streaming_loss import StreamingGates, answer_loss, frozen, streaming_loss
 from duocal_runtime.planning.head_order import bounded_heads_for_sparsity
-
-from helpers.models import tiny_model
 
 SINK_WINDOW = dr.SinkWindow(4, 8)
 LENGTH = 40
-
-
-@pytest.fixture(scope="module")
-def four_layers():
-    return tiny_model(dtype=torch.float64, layers=4)  # 4 layers x 2 KV heads
 
 
 def pairs(seeds=(3, 4)):

@@ -1,12 +1,11 @@
-"""The profiler's `loss` score (streaming_loss.py): gates at 1 are the full model, a gate at 0 is that head
+"""The profiler's `loss` score (duocal/measure/answer_loss.py): gates at 1 are the full model, a gate at 0 is that head
 on the runtime's sink window, and the score is the first-order rise of the answer's loss."""
 
 import pytest
 import torch
 
 import duocal_runtime as dr
-from duocal.profiling.attention_stats import attention_function
-from duocal.profiling.streaming_loss import StreamingGates, answer_loss, frozen, streaming_loss
+from duocal.measure.answer_loss import StreamingGates, answer_loss, attention_function, frozen, streaming_loss
 
 from helpers.models import tiny_model
 

@@ -1,4 +1,4 @@
-"""How much streaming one head would cost the answer: the profiler's `loss` score.
+"""How much streaming one head would cost the answer: the answer loss (the profiler's `loss` score).
 
 Every KV head gets a gate g (1: full attention, 0: its sink window), mixing the two outputs of its
 query heads, g·o_full + (1 − g)·o_sink_window, as DuoAttention's gates do (Xiao et al., arXiv
@@ -26,7 +26,22 @@ import torch
 import torch.nn.functional as F
 
 import duocal_runtime as dr
-from duocal.profiling.attention_stats import attention_function
+from duocal_runtime import compat
+
+MEASURE_ATTENTION = "duocal_measure"  # the attention function registered while a measurement runs
+
+
+@contextlib.contextmanager
+def attention_function(model, function):
+    """Inside the block, `model`'s attention layers call `function` (transformers' attention signature)."""
+    previous = compat.attention_implementation(model)
+    compat.register(MEASURE_ATTENTION, function)
+    compat.set_attention_implementation(model, MEASURE_ATTENTION)
+    try:
+        yield
+    finally:
+        compat.set_attention_implementation(model, previous)
+        compat.unregister(MEASURE_ATTENTION)
 
 
 class StreamingGates:
@@ -100,3 +115,10 @@ def streaming_loss(
             total, count = total - gradient, count + 1
             report(count)
     return (total / max(count, 1)).detach().cpu()
+
+
+def plan_point(shape: torch.Size, bounded: set[int]) -> torch.Tensor:
+    """[L, G]: 1 for a full head, 0 for a bounded one (flat index: layer × KV heads + head)."""
+    gates = torch.ones(shape)
+    gates.view(-1)[sorted(bounded)] = 0.0
+    return gates
