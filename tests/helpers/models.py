@@ -123,3 +123,12 @@ def drive_decode(model, ids, mask, cache, tokens, new_mask):
         m, pos = torch.cat([m, nm], 1), pos + nm
         logits.append(model(input_ids=token, attention_mask=m, cache=cache, position_ids=pos).logits[:, -1])
     return torch.stack(logits, 1)
+
+
+def answer_pairs(seeds=(3, 4), length: int = 40) -> list[tuple[list[int], list[int]]]:
+    """(random token ids, the rows that predict their last 5 tokens) per seed: the answer loss's input."""
+    out = []
+    for seed in seeds:
+        generator = torch.Generator().manual_seed(seed)
+        out.append((torch.randint(1, 97, (length,), generator=generator).tolist(), list(range(length - 6, length - 1))))
+    return out

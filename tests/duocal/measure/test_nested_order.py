@@ -12,16 +12,9 @@ from duocal.cli.app import app
 from duocal.measure import nested_order as N
 from duocal.profiling import ProfilerConfig
 
+from helpers.models import answer_pairs as pairs
+
 SINK_WINDOW = dr.SinkWindow(4, 8)
-LENGTH = 40
-
-
-def pairs(seeds=(3, 4)):
-    out = []
-    for seed in seeds:
-        generator = torch.Generator().manual_seed(seed)
-        out.append((torch.randint(1, 97, (LENGTH,), generator=generator).tolist(), list(range(LENGTH - 6, LENGTH - 1))))
-    return out
 
 
 def test_eight_heads_are_full_by_one_two_three_and_four_at_the_default_sparsities():

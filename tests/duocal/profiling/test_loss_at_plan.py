@@ -14,16 +14,9 @@ from duocal.profiling import ProfilerConfig
 from duocal.profiling import loss_at_plan as lap
 from duocal_runtime.planning.head_order import bounded_heads_for_sparsity
 
+from helpers.models import answer_pairs as pairs
+
 SINK_WINDOW = dr.SinkWindow(4, 8)
-LENGTH = 40
-
-
-def pairs(seeds=(3, 4)):
-    out = []
-    for seed in seeds:
-        generator = torch.Generator().manual_seed(seed)
-        out.append((torch.randint(1, 97, (LENGTH,), generator=generator).tolist(), list(range(LENGTH - 6, LENGTH - 1))))
-    return out
 
 
 def test_the_plan_point_is_the_plans_hard_values():
