@@ -5,9 +5,9 @@ head counts (or the larger when they are within 1.5x), and pads the other count 
 padding layers that hold memory and attend to nothing (vllm/v1/core/kv_cache_utils.py,
 `_get_kv_cache_groups_uniform_page_size`). SmolLM2's shipped profile at 0.75 is 22 full and 68 streaming
 heads: 4 groups of 22 for 68 heads, 20 padding layers, 29% of the streaming heads' memory. The plugin makes
-the fewest of the best-scored streaming heads full (the profile's own order: re-planned at a lower sparsity) so
-that a request's blocks, padding included, are fewest; it never makes a full head streaming, so quality can
-only rise. 22 + 68 becomes 23 + 67 (3 groups of 23 for 67: 2 padding layers).
+the fewest of the best-scored streaming heads full (the profile's own order, on the plan's own head set:
+`with_fewer_bounded`) so that a request's blocks, padding included, are fewest; it never makes a full head
+streaming, so quality can only rise. 22 + 68 becomes 23 + 67 (3 groups of 23 for 67: 2 padding layers).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 
 from vllm.logger import init_logger
+
+from duocal_runtime.planning.tensor_parallel import with_fewer_bounded
 
 from .head_plan import HeadSpec, head_table, make_plan, settings_of
 from .sink_window_spec import SinkWindowSpec, request_in_flight_tokens
@@ -56,7 +58,8 @@ def vllm_head_table(config, vllm_config) -> list[list[HeadSpec]]:
     dtype, tp_size = vllm_config.model_config.dtype, vllm_config.parallel_config.tensor_parallel_size
     settings = settings_of(config)
     settings.setdefault("tensor_parallel", str(tp_size))
-    table = head_table(make_plan(config, settings, dtype), block)
+    profile, planned = make_plan(config, settings, dtype)
+    table = head_table(planned, block)
     streaming = [spec for row in table for spec in row if not spec.is_full]
     total = sum(len(row) for row in table)
     if not streaming or len({(s.sink, s.recent) for s in streaming}) > 1:
@@ -77,11 +80,7 @@ def vllm_head_table(config, vllm_config) -> list[list[HeadSpec]]:
     kept = per_rank * tp_size
     if kept == len(streaming):
         return table
-    settings = {k: v for k, v in settings.items() if k != "budget"}
-    settings["sparsity"] = str(kept / total)
-    fitted = head_table(make_plan(config, settings, dtype), block)
-    if sum(not spec.is_full for row in fitted for spec in row) != kept:  # a sparsity that rounds otherwise
-        return table
+    fitted = head_table(with_fewer_bounded(planned, profile, kept, tp_size), block)
     logger.info_once(
         "duocal: %d of the plan's %d streaming KV heads run full (the best scored): vLLM's KV cache groups then need "
         "fewer padding layers, and a request fewer bytes (%d full + %d sink_window)",

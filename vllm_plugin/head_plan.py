@@ -73,8 +73,8 @@ def settings_of(config: Any, environ: dict[str, str] | None = None) -> dict[str,
 
 
 def make_plan(config: Any, settings: dict[str, str], dtype: Any = "bfloat16"):
-    """The duocal `Plan` for a model with transformers-style `config`, from `settings` (a budget is planned in
-    `dtype`, the dtype vLLM runs the model in)."""
+    """(the profile, the duocal `Plan`) for a model with transformers-style `config`, from `settings` (a budget is
+    planned in `dtype`, the dtype vLLM runs the model in)."""
     from duocal_runtime.errors import PlanError, ProfileError
     from duocal_runtime.fetching.loading import load_profile
     from duocal_runtime.planning.head_order import check_head_choice
@@ -94,7 +94,7 @@ def make_plan(config: Any, settings: dict[str, str], dtype: Any = "bfloat16"):
         sparsity = float(settings["sparsity"]) if "sparsity" in settings else None
         check_head_choice(sparsity=sparsity, budget=settings.get("budget"))
         if sparsity == 0:
-            return plan(profile, sparsity=0.0, positions="original")
+            return profile, plan(profile, sparsity=0.0, positions="original")
         tensor_parallel = int(settings.get("tensor_parallel", 1))
         if tensor_parallel > 1:
             if "budget" in settings:
@@ -102,10 +102,10 @@ def make_plan(config: Any, settings: dict[str, str], dtype: Any = "bfloat16"):
                     f"a plan for tensor parallel size {tensor_parallel} is made at a sparsity (every rank the same "
                     "full heads per layer): give a sparsity (duocal_sparsity, --sparsity), not a budget"
                 )
-            return balanced_plan(profile, tensor_parallel, sparsity, policy=settings.get("policy"), **numbers)
+            return profile, balanced_plan(profile, tensor_parallel, sparsity, policy=settings.get("policy"), **numbers)
         if "budget" in settings:
             numbers.update(budget=settings["budget"], context=config.max_position_embeddings, dtype=dtype)
-        return plan(profile, sparsity=sparsity, policy=settings.get("policy"), **numbers)
+        return profile, plan(profile, sparsity=sparsity, policy=settings.get("policy"), **numbers)
     except (ProfileError, PlanError) as err:
         raise DuoVllmError(f"duocal profile {settings['profile']!r}: {err}") from err
 
@@ -141,7 +141,7 @@ def load_head_table(
     config: Any, block_size: int, environ: dict[str, str] | None = None, dtype: Any = "bfloat16"
 ) -> list[list[HeadSpec]]:
     """Settings -> profile -> plan -> head table, for the model with `config` run in `dtype`."""
-    return head_table(make_plan(config, settings_of(config, environ), dtype), block_size)
+    return head_table(make_plan(config, settings_of(config, environ), dtype)[1], block_size)
 
 
 def kernel_block_size(table: list[list[HeadSpec]]) -> int | None:

@@ -6,7 +6,8 @@ would leave the rank with the most full heads deciding everybody's memory and ti
 chooses, per layer, a multiple of `tp_size` full heads and, in each shard, its highest-scoring heads; across
 layers it spends full heads where they score highest (greedy on whole "one more full head per rank" units,
 whose values fall within a layer, so the greedy choice is the best one). It keeps at least as many full heads
-as the plain plan at the same sparsity. `unbalanced_layers` names the layers of a plan that is not balanced.
+as the plain plan at the same sparsity. `with_fewer_bounded` keeps more of a plan's heads full, in the
+profile's order; `unbalanced_layers` names the layers of a plan that is not balanced.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 
 from ..errors import PlanError
 from ..policies import Full
+from .head_order import bounded_order, tie_losses
 from .plan import Plan, plan
 
 
@@ -59,6 +61,31 @@ def balanced_plan(profile, tp_size: int, sparsity: float | None = None, **sizes)
         for layer, row in enumerate(plain.policies)
     ]
     return Plan(plain.shape, table, plain.model_name)
+
+
+def with_fewer_bounded(plan: Plan, profile, bounded: int, tp_size: int = 1) -> Plan:
+    """`plan` with only `bounded` of its bounded heads left bounded: the best-scored of the others kept full
+    instead, in the profile's own order (ties as `dr.plan` breaks them), whole heads per rank when `tp_size` > 1
+    (every rank the same full heads per layer). `plan`'s bounded heads share one policy."""
+    flat = [p for row in plan.policies for p in row]
+    now = [i for i, p in enumerate(flat) if p.name != "full"]
+    if not 0 <= bounded <= len(now) or len({flat[i] for i in now}) > 1:
+        raise PlanError(f"cannot leave {bounded} of {len(now)} bounded heads of one policy bounded")
+    if bounded == len(now):
+        return plan
+    policy, full = flat[now[0]], next((p for p in flat if p.name == "full"), Full())
+    if tp_size > 1:
+        keep = balanced_full_heads(profile.scores, tp_size, len(flat) - bounded)
+        kv = len(plan.policies[0])
+        still = {i for i in now if (i // kv, i % kv) not in keep}
+    else:
+        scores = [s for row in profile.scores for s in row]
+        still = set([i for i in bounded_order(scores, tie_losses(profile, policy)) if i in set(now)][:bounded])
+    if len(still) != bounded:
+        raise PlanError(f"{bounded} bounded heads cannot be balanced over {tp_size} ranks")
+    k = len(plan.policies[0])
+    table = [[policy if layer * k + h in still else full for h in range(k)] for layer in range(len(plan.policies))]
+    return Plan(plan.shape, table, plan.model_name)
 
 
 def unbalanced_layers(is_full: list[list[bool]], tp_size: int) -> list[str]:

@@ -7,7 +7,13 @@ import random
 import pytest
 
 import duocal_runtime as dr
-from duocal_runtime.planning.tensor_parallel import balanced_full_heads, balanced_plan, shards, unbalanced_layers
+from duocal_runtime.planning.tensor_parallel import (
+    balanced_full_heads,
+    balanced_plan,
+    shards,
+    unbalanced_layers,
+    with_fewer_bounded,
+)
 
 
 def toy_profile(layers=6, kv_heads=4, seed=0):
@@ -66,3 +72,31 @@ def test_an_unbalanced_plan_is_named_by_its_layers():
     assert uneven and unbalanced_layers(is_full(plan), 2) == uneven
     with pytest.raises(dr.PlanError, match="tensor parallel size 3 does not divide the model's 4 KV heads"):
         unbalanced_layers(is_full(plan), 3)
+
+
+@pytest.mark.parametrize("bounded", [12, 7, 0])
+def test_fewer_bounded_heads_are_the_plan_at_that_count_in_the_profiles_order(bounded):
+    """One rank: the plan's head set with its best-scored bounded heads full is `dr.plan` at that many bounded."""
+    profile = toy_profile()
+    fitted = with_fewer_bounded(dr.plan(profile, sparsity=0.75), profile, bounded)
+    assert is_full(fitted) == is_full(dr.plan(profile, sparsity=bounded / 24))
+    assert fitted.num_bounded == bounded
+
+
+def test_fewer_bounded_heads_stay_balanced_and_keep_every_full_head():
+    profile = toy_profile()
+    planned = balanced_plan(profile, 2, 0.75)
+    fitted = with_fewer_bounded(planned, profile, 14, tp_size=2)
+    assert fitted.num_bounded == 14 and not unbalanced_layers(is_full(fitted), 2)
+    kept = {(layer, h) for layer, row in enumerate(is_full(planned)) for h, full in enumerate(row) if full}
+    assert kept <= {(layer, h) for layer, row in enumerate(is_full(fitted)) for h, full in enumerate(row) if full}
+
+
+def test_fewer_bounded_heads_than_none_or_more_than_the_plan_has_are_refused():
+    profile = toy_profile()
+    planned = dr.plan(profile, sparsity=0.5)
+    for bounded in (-1, 13):
+        with pytest.raises(dr.PlanError, match="bounded heads of one policy"):
+            with_fewer_bounded(planned, profile, bounded)
+    with pytest.raises(dr.PlanError, match="cannot be balanced over 2 ranks"):
+        with_fewer_bounded(balanced_plan(profile, 2, 0.75), profile, 13, tp_size=2)
