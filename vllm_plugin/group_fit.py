@@ -13,6 +13,7 @@ streaming, so quality can only rise. 22 + 68 becomes 23 + 67 (3 groups of 23 for
 from __future__ import annotations
 
 import math
+import os
 
 from vllm.logger import init_logger
 
@@ -49,11 +50,35 @@ def fitted_streaming_count(full: int, streaming: int, full_blocks: int, streamin
     return min(range(streaming, -1, -1), key=request_blocks)
 
 
+PLANNED: dict[tuple, list[list[HeadSpec]]] = {}  # one plan per engine process and setting: the model and the log
+
+
 def vllm_head_table(config, vllm_config) -> list[list[HeadSpec]]:
     """The head table duocal's model class (models.py) runs under `vllm_config`: the settings' plan
     (head_plan.py), for vLLM's tensor parallel size unless the settings name one, with the streaming head count
     fitted to vLLM's groups (`fitted_streaming_count`). vLLM groups one rank's layers, so under tensor parallelism
-    the counts are per rank and the fitted plan is balanced again (whole heads per rank)."""
+    the counts are per rank and the fitted plan is balanced again (whole heads per rank). Planned once per process
+    for the same settings and engine sizes (a copy each call)."""
+    block, length = vllm_config.cache_config.block_size, vllm_config.model_config.max_model_len
+    dtype, tp_size = vllm_config.model_config.dtype, vllm_config.parallel_config.tensor_parallel_size
+    settings = settings_of(config)
+    key = (tuple(sorted(settings.items())), profile_version(settings.get("profile")), block, length, str(dtype),
+           tp_size, vllm_config.max_in_flight_tokens, request_in_flight_tokens(vllm_config))  # fmt: skip
+    if key not in PLANNED:
+        PLANNED[key] = fitted_head_table(config, vllm_config)
+    return [list(row) for row in PLANNED[key]]
+
+
+def profile_version(where: str | None) -> tuple[int, int] | None:
+    """(modified time, size) of a profile file, so that a file rewritten in place is planned again."""
+    try:
+        found = os.stat(where) if where else None
+    except OSError:
+        return None
+    return None if found is None else (found.st_mtime_ns, found.st_size)
+
+
+def fitted_head_table(config, vllm_config) -> list[list[HeadSpec]]:
     block, length = vllm_config.cache_config.block_size, vllm_config.model_config.max_model_len
     dtype, tp_size = vllm_config.model_config.dtype, vllm_config.parallel_config.tensor_parallel_size
     settings = settings_of(config)

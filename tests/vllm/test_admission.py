@@ -4,6 +4,8 @@ alone in the engine. vLLM's own capacity arithmetic (`get_kv_cache_configs`, `ge
 specs the model reports (`DuoLlamaForCausalLM`, or vLLM's own Llama when all heads are full, built on the meta
 device); no engine starts here (tests/vllm/test_serve_vllm.py reads the same figure from a running server's log)."""
 
+import json
+import os
 import socket
 
 import pytest
@@ -23,7 +25,7 @@ from duocal_vllm.group_fit import fitted_streaming_count, group_slots, vllm_head
 from duocal_vllm.head_plan import DuoVllmError
 from duocal_vllm.sink_window_spec import check_lone_request_fits
 
-from helpers.vllm_engines import duo_overrides
+from helpers.vllm_engines import PROFILE, duo_overrides
 
 NAME = "smollm2-135m-instruct"
 GiB = 2**30
@@ -131,3 +133,26 @@ def test_the_table_vllm_runs_at_075_moves_the_best_scored_streaming_head_to_full
     pairs = enumerate(zip(planned, fitted, strict=True))
     moved = [(layer, a.kv_head) for layer, (old, new) in pairs for a, b in zip(old, new, strict=True) if a != b]
     assert len(moved) == 1 and all(not planned[i][h].is_full and fitted[i][h].is_full for i, h in moved)
+
+
+def test_an_engine_process_plans_once_for_the_model_and_the_log_and_again_for_a_rewritten_profile(
+    model_folder, tmp_path, monkeypatch
+):
+    import duocal_vllm.group_fit as G
+
+    calls = []
+    planned = G.make_plan
+    monkeypatch.setattr(G, "make_plan", lambda *a, **k: calls.append(1) or planned(*a, **k))
+    monkeypatch.setattr(G, "PLANNED", {})
+    vllm_config = engine_config(model_folder, 0.5, threshold=512)
+    config = vllm_config.model_config.hf_config
+    profile = tmp_path / "profile.json"
+    profile.write_text(PROFILE.read_text())
+    config.duocal_profile = str(profile)
+    first = G.vllm_head_table(config, vllm_config)
+    assert G.vllm_head_table(config, vllm_config) == first and len(calls) == 1
+    data = json.loads(profile.read_text())
+    data["scores"] = [[1.0 - s for s in row] for row in data["scores"]]  # the other heads stream at 0.5
+    profile.write_text(json.dumps(data))
+    os.utime(profile, ns=(1, 1))  # a new version even within the file system's clock tick
+    assert G.vllm_head_table(config, vllm_config) != first and len(calls) == 2
