@@ -52,8 +52,9 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 @pytest.mark.slow
 def test_recipes_resolve_from_an_installed_wheel(tmp_path):
-    """The wheel carries the recipes and DeepSpeed configs: installed in a fresh venv (dependencies
-    borrowed from this one, the source tree out of reach), `duocal calibrate NAME` resolves them."""
+    """The wheel carries the recipes, DeepSpeed configs and shipped profiles: installed in a fresh venv
+    (dependencies borrowed from this one, the source tree out of reach), `duocal calibrate NAME` resolves them
+    and an upstream pattern pulls offline."""
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
@@ -115,6 +116,15 @@ def test_recipes_resolve_from_an_installed_wheel(tmp_path):
     assert run.returncode == 0, run.stderr
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert config["deepspeed"]["config"].startswith(str(site)) and config["source"].startswith(str(site))
+    offline = {**env, "HF_HUB_OFFLINE": "1", "DUOCAL_CACHE_DIR": str(tmp_path / "cache")}
+    pulled = subprocess.run(  # an upstream pattern ships in the wheel: it loads with no network
+        [str(fresh / "bin" / "duocal"), "profiles", "pull", "duo-attention/Meta-Llama-3.1-8B-Instruct"],
+        cwd=cwd,
+        env=offline,
+        capture_output=True,
+        text=True,
+    )
+    assert pulled.returncode == 0, pulled.stderr
 
 
 def make_setup_commands(tmp_path, *assignments: str) -> list[str]:

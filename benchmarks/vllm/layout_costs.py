@@ -19,7 +19,7 @@ from duocal_vllm.cache_layout import cache_layout, group_size
 from duocal_vllm.group_fit import fitted_streaming_count, group_slots
 
 REPO = Path(__file__).resolve().parents[2]
-UPSTREAM = REPO / "tests" / "data" / "upstream-duo-attention"
+UPSTREAM = REPO / "profiles" / "duo-attention"
 PROFILES = {
     "SmolLM2-135M (shipped)": (REPO / "profiles" / "smollm2-135m-instruct.json", 512),
     "Llama-3.1-8B (upstream)": (UPSTREAM / "Meta-Llama-3.1-8B-Instruct", 256),

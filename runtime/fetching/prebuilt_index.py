@@ -14,9 +14,9 @@ replaces it (a private index, or a test's). Format::
        "files": [{"name": "full_attention_heads.tsv", "url": "https://.../<commit>/...", "sha256": "...", "size": 6400},
                  {"name": "config.json", ...}]}]}
 
-Every file has a sha256 and size and either a `url` pinned to an immutable revision
-(`https://...` with the 40-hex commit in its path, or `hf://OWNER/REPO/PATH@<commit>`) or a
-`file` shipped in the profiles folder (relative path). A `duocal` entry has one file named
+Every file has a sha256 and size and a `url` pinned to an immutable revision (`https://...` with the
+40-hex commit in its path, or `hf://OWNER/REPO/PATH@<commit>`), a `file` shipped in the profiles folder
+(relative path), or both: a shipped copy, read without network, of the file at that url. A `duocal` entry has one file named
 `profile.json`; an `upstream-duo-attention` entry has `full_attention_heads.tsv` and `config.json`.
 
 Resolving a reference, first match wins: `hf://...` -> Hub; `http(s)://` or `file://` -> URL;
@@ -216,15 +216,16 @@ def _file(item: Any, root: Path, where: str, revision: str | None) -> IndexFile:
         raise ProfileError(f"{where}: sha256 must be 64 hex digits, got {sha!r}")
     size = _field(item, "size", int, where)
     url, local = item.get("url"), item.get("file")
-    if (url is None) == (local is None):
-        raise ProfileError(f"{where}: give exactly one of 'url' (downloaded) or 'file' (shipped)")
-    if local is not None:
-        rel = Path(local)
-        if rel.is_absolute() or ".." in rel.parts:
-            raise ProfileError(f"{where}: 'file' must be a path inside the profiles folder, got {local!r}")
-        return IndexFile(name, sha, size, local=root / rel)
-    _check_pinned(url, where, revision)
-    return IndexFile(name, sha, size, url=url)
+    if url is None and local is None:
+        raise ProfileError(f"{where}: give 'url' (downloaded), 'file' (shipped) or both (shipped, from that url)")
+    if url is not None:
+        _check_pinned(url, where, revision)
+    if local is None:
+        return IndexFile(name, sha, size, url=url)
+    rel = Path(local)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ProfileError(f"{where}: 'file' must be a path inside the profiles folder, got {local!r}")
+    return IndexFile(name, sha, size, url=url, local=root / rel)
 
 
 def _check_pinned(url: str, where: str, revision: str | None) -> None:

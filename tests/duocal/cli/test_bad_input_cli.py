@@ -77,7 +77,7 @@ def cases(tmp_path: Path) -> dict[str, list[str]]:
         "import onto a file's child": [
             "profiles",
             "import-upstream",
-            str(REPO / "tests/data/upstream-duo-attention/Mistral-7B-Instruct-v0.2"),
+            str(REPO / "profiles/duo-attention/Mistral-7B-Instruct-v0.2"),
             "-o",
             f"{good}/x.json",
         ],
@@ -165,7 +165,7 @@ def cases(tmp_path: Path) -> dict[str, list[str]]:
         "import onto a folder": [
             "profiles",
             "import-upstream",
-            str(REPO / "tests/data/upstream-duo-attention/Mistral-7B-Instruct-v0.2"),
+            str(REPO / "profiles/duo-attention/Mistral-7B-Instruct-v0.2"),
             "-o",
             str(tmp_path / "upstream2"),
         ],

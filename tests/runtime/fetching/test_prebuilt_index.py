@@ -100,9 +100,13 @@ def test_every_shipped_profile_loads_offline_and_matches_its_hash_and_shape(tmp_
         assert pulled.profile.model.name_or_path == entry.model
 
 
-def test_every_profile_file_in_the_profiles_folder_is_in_the_index():
+def test_every_file_in_the_profiles_folder_is_in_the_index():
+    """Every duocal profile (and every upstream pattern's file) the folder ships is named by an entry."""
     listed = {f.local.resolve() for e in load_index().entries for f in e.files if f.local is not None}
-    for path in sorted(PROFILES_DIR.rglob("*.json")):
+    upstream = PROFILES_DIR / "duo-attention"
+    for path in sorted(upstream.glob("*/*")):
+        assert path.resolve() in listed, f"{path} ships without an index entry"
+    for path in sorted(PROFILES_DIR.glob("*.json")):
         if path.name == "index.json":
             continue
         profile = dr.load_profile(path)
@@ -204,7 +208,8 @@ def _entry(**changes):
         ([_entry(file_sha256="abc")], "64 hex digits"),
         ([_entry(format="gguf")], "format must be one of"),
         ([_entry(file_name="weights.bin")], "has files"),
-        ([_entry(file_file="../outside.json")], "exactly one of 'url'"),
+        ([_entry(file_file="../outside.json")], "'file' must be a path inside the profiles folder"),
+        ([_entry(file_url=None)], "give 'url' \\(downloaded\\), 'file' \\(shipped\\) or both"),
         ([_entry(name="https://evil")], "no URL scheme"),
         ([_entry(shape={"num_hidden_layers": 2})], "shape needs exactly"),
         ([_entry(model="")], "'model' must be a non-empty"),

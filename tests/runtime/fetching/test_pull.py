@@ -28,6 +28,7 @@ from duocal_runtime.fetching.pull import pull
 from duocal_runtime.profile.upstream import KNOWN_MODELS
 
 from helpers.http_server import LocalServer, Reply
+from helpers.paths import REPO
 from helpers.profiles import random_profile, write_pattern
 
 runner = CliRunner()
@@ -329,15 +330,36 @@ def test_an_unknown_name_fails_with_suggestions(site):
 # --- the six real upstream patterns, through the real index ----------------------------------
 
 
-def test_all_six_upstream_patterns_pull_through_the_index_via_mirror(upstream_patterns, quiet_env, monkeypatch):
+def test_all_six_upstream_patterns_load_offline_from_their_shipped_copies(upstream_patterns, quiet_env, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     index = load_index()  # the shipped one: DUOCAL_INDEX is unset
+    for model in KNOWN_MODELS:
+        entry = index.get(f"duo-attention/{model}")
+        assert entry.shipped and all(f.url for f in entry.files)  # shipped, and where from
+        result = runner.invoke(app, ["profiles", "pull", f"duo-attention/{model}"])
+        assert result.exit_code == 0, result.output
+        profile = dr.load_profile(Path(result.stdout.strip().splitlines()[-1]))
+        assert profile.shape == entry.shape and profile.source["commit"] == entry.revision
+        assert profile.scores == dr.import_upstream(upstream_patterns / model).scores
+
+
+def test_all_six_upstream_patterns_pull_through_an_index_via_mirror(
+    upstream_patterns, quiet_env, monkeypatch, tmp_path
+):
+    """The shipped index without its shipped copies: each file comes from its pinned URL, through the mirror."""
+    data = json.loads((REPO / "profiles" / "index.json").read_text())
+    upstream = [e for e in data["profiles"] if e["format"] == "upstream-duo-attention"]
+    for entry in upstream:
+        for f in entry["files"]:
+            del f["file"]
+    index = tmp_path / "index.json"
+    index.write_text(json.dumps({**data, "profiles": upstream}))
+    monkeypatch.setenv("DUOCAL_INDEX", str(index))
     with LocalServer() as server:
-        for entry in index.entries:
-            if entry.format != "upstream-duo-attention":
-                continue
-            model = entry.name.split("/", 1)[1]
-            for f in entry.files:  # laid out under the upstream URL paths
-                server.route(urlsplit(f.url).path, Reply((upstream_patterns / model / f.name).read_bytes()))
+        for entry in upstream:
+            model = entry["name"].split("/", 1)[1]
+            for f in entry["files"]:  # laid out under the upstream URL paths
+                server.route(urlsplit(f["url"]).path, Reply((upstream_patterns / model / f["name"]).read_bytes()))
         pulled = {}
         for model in KNOWN_MODELS:
             result = runner.invoke(app, ["profiles", "pull", f"duo-attention/{model}", "--mirror", server.base_url])
@@ -345,10 +367,7 @@ def test_all_six_upstream_patterns_pull_through_the_index_via_mirror(upstream_pa
             pulled[model] = Path(result.stdout.strip().splitlines()[-1])
         assert sum(server.hits.values()) == 2 * len(KNOWN_MODELS)
     for model, path in pulled.items():
-        profile = dr.load_profile(path)
-        assert profile.shape == index.get(f"duo-attention/{model}").shape
-        assert profile.scores == dr.import_upstream(upstream_patterns / model).scores
-        assert profile.source["commit"] == index.get(f"duo-attention/{model}").revision
+        assert dr.load_profile(path).scores == dr.import_upstream(upstream_patterns / model).scores
 
 
 def test_a_server_that_trickles_bytes_meets_the_deadline(site, monkeypatch):
