@@ -16,8 +16,9 @@ replaces it (a private index, or a test's). Format::
 
 Every file has a sha256 and size and a `url` pinned to an immutable revision (`https://...` with the
 40-hex commit in its path, or `hf://OWNER/REPO/PATH@<commit>`), a `file` shipped in the profiles folder
-(relative path), or both: a shipped copy, read without network, of the file at that url. A `duocal` entry has one file named
-`profile.json`; an `upstream-duo-attention` entry has `full_attention_heads.tsv` and `config.json`.
+(relative path), or both: a shipped copy, read without network, of the file at that url. A `duocal` entry
+has one file named `profile.json`; an `upstream-duo-attention` entry has `full_attention_heads.tsv` and
+`config.json`.
 
 Resolving a reference, first match wins: `hf://...` -> Hub; `http(s)://` or `file://` -> URL;
 an existing file or folder -> path (unchanged behaviour); otherwise a name in the index.
