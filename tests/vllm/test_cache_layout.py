@@ -1,7 +1,7 @@
 """Where each KV head's cache layer goes (vllm_plugin/cache_layout.py), checked against vLLM's own grouping
 (`_get_kv_cache_groups_uniform_page_size`, no engine): every call's heads are consecutive layers of one KV cache
 group, the spares fill exactly the rows vLLM pads, and real plans need at most two calls per layer. Plans: the
-shipped SmolLM2 profile, and upstream DuoAttention's Llama-3.1-8B and Mistral-7B patterns (tests/data)."""
+shipped SmolLM2 profile, and upstream DuoAttention's Llama-3.1-8B and Mistral-7B patterns (profiles/duo-attention)."""
 
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from duocal_vllm.sink_window_spec import SinkWindowSpec
 
 from helpers.vllm_engines import PROFILE, REPO
 
-UPSTREAM = REPO / "tests" / "data" / "upstream-duo-attention"
+UPSTREAM = REPO / "profiles" / "duo-attention"
 PROFILES = {"smollm2": PROFILE, "llama-3.1-8b": UPSTREAM / "Meta-Llama-3.1-8B-Instruct",
             "mistral-7b": UPSTREAM / "Mistral-7B-Instruct-v0.2"}  # fmt: skip
 PAGE = dict(block_size=64, num_kv_heads=1, head_size=64, dtype=torch.float32)
