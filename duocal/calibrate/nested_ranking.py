@@ -22,7 +22,7 @@ from duocal.data.chat_prompts import FRAMINGS
 from duocal.data.needle_values import VALUE_KINDS
 from duocal.data.prompt_kinds import mixed_prompts, prompt_mix
 from duocal.measure.decoding import right_answer
-from duocal.measure.nested_order import NESTED_SPARSITIES, full_counts, nested_order
+from duocal.measure.nested_order import nested_order, sparsest_plan_heads
 
 HAYSTACKS = ("repeated", "text")
 
@@ -51,14 +51,12 @@ def answered_pairs(model, tokenizer, recipe) -> list[tuple[list[int], list[int]]
 def nested_ranking(recipe, model, tokenizer, scores: list[list[float]]) -> tuple[list[list[float]], dict[str, Any]]:
     """(the nested scores [L][G], what the profile's source records), starting from `scores`' sparsest plan."""
     shape = dr.shape_of_config(model.config)
-    flat = [s for row in scores for s in row]
-    (_, first_count), *_ = full_counts(len(flat), NESTED_SPARSITIES)
-    first = sorted(range(len(flat)), key=lambda h: (-flat[h], h))[:first_count]
-    deploy, attention = recipe.deploy, recipe.attention
+    first = sparsest_plan_heads([s for row in scores for s in row])
+    deploy, attention, r = recipe.deploy, recipe.attention, recipe.ranking
     sink_window = dr.SinkWindow(deploy.sink or attention.sink, deploy.recent or attention.recent)
     order = nested_order(model, answered_pairs(model, tokenizer, recipe), sink_window, first)
-    info = {**order.source(shape.num_key_value_heads), "samples": recipe.ranking.nested_samples}
-    return order.scores(shape), {**info, "context": recipe.ranking.nested_context}
+    info = {**order.source(shape.num_key_value_heads), "samples": r.nested_samples, "context": r.nested_context}
+    return order.scores(shape), info
 
 
 def rerank_file(path, recipe, model, tokenizer) -> None:

@@ -50,6 +50,12 @@ def full_counts(num_heads: int, sparsities: Sequence[float]) -> list[tuple[float
     return [(s, num_heads - bounded_head_count(num_heads, s)) for s in sorted(set(sparsities), reverse=True)]
 
 
+def sparsest_plan_heads(flat_scores: Sequence[float], sparsities: Sequence[float] = NESTED_SPARSITIES) -> list[int]:
+    """The heads the sparsest of `sparsities` keeps full when it ranks by `flat_scores` (ties: the lower index)."""
+    (_, count), *_ = full_counts(len(flat_scores), sparsities)
+    return sorted(range(len(flat_scores)), key=lambda h: (-flat_scores[h], h))[:count]
+
+
 def nested_order(
     model,
     pairs: Sequence[tuple[list[int], list[int]]],
@@ -92,9 +98,7 @@ def gains_at(model, pairs, sink_window, full: Sequence[int], shape: dr.ModelShap
 def order_from_answer_loss(model, pairs, sink_window: dr.SinkWindow, report) -> NestedOrder:
     """The order whose first heads are the sparsest plan's by the answer loss at g = 1 (every head full; the
     profiler's `loss` score), then tier by tier; `report(done, total)` counts sequences over every pass."""
-    shape = dr.shape_of_config(model.config)
-    counts = full_counts(shape.num_hidden_layers * shape.num_key_value_heads, NESTED_SPARSITIES)
-    total = (len(counts) + 1) * len(pairs)  # the g = 1 pass, a pass per later tier and the last one
+    total = (len(NESTED_SPARSITIES) + 1) * len(pairs)  # the g = 1 pass, a pass per later tier and the last one
     flat = streaming_loss(model, pairs, sink_window, lambda done: report(done, total)).flatten().tolist()
-    first = sorted(range(len(flat)), key=lambda h: (-flat[h], h))[: counts[0][1]]
+    first = sparsest_plan_heads(flat)
     return nested_order(model, pairs, sink_window, first, report=lambda done, _: report(len(pairs) + done, total))

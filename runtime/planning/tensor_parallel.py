@@ -74,17 +74,16 @@ def with_fewer_bounded(plan: Plan, profile, bounded: int, tp_size: int = 1) -> P
     if bounded == len(now):
         return plan
     policy, full = flat[now[0]], next((p for p in flat if p.name == "full"), Full())
+    kv, bounded_now = len(plan.policies[0]), set(now)
     if tp_size > 1:
         keep = balanced_full_heads(profile.scores, tp_size, len(flat) - bounded)
-        kv = len(plan.policies[0])
         still = {i for i in now if (i // kv, i % kv) not in keep}
     else:
         scores = [s for row in profile.scores for s in row]
-        still = set([i for i in bounded_order(scores, tie_losses(profile, policy)) if i in set(now)][:bounded])
+        still = set([i for i in bounded_order(scores, tie_losses(profile, policy)) if i in bounded_now][:bounded])
     if len(still) != bounded:
         raise PlanError(f"{bounded} bounded heads cannot be balanced over {tp_size} ranks")
-    k = len(plan.policies[0])
-    table = [[policy if layer * k + h in still else full for h in range(k)] for layer in range(len(plan.policies))]
+    table = [[policy if layer * kv + h in still else full for h in range(kv)] for layer in range(len(plan.policies))]
     return Plan(plan.shape, table, plan.model_name)
 
 
